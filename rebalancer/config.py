@@ -1,0 +1,109 @@
+"""Strict settings model.
+
+Defaults live in the model and are written out, documented, in ``conf/default.toml`` (a test keeps the two equal).
+A job receives a :class:`Settings` object as an argument; nothing reads configuration from global state.
+Unknown keys and out-of-range values are errors whose message says which key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = ["ConfigError", "Settings", "load_settings"]
+
+
+class ConfigError(ValueError):
+    """A configuration file or value is invalid; the message names the key and what is allowed."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StorageSettings(_Strict):
+    engine: Literal["auto", "delta-spark", "delta-rs"] = "auto"
+    warehouse: str = "warehouse"
+    catalog_prefix: str = Field("", pattern=r"^([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?)?$")
+    commit_retries: int = Field(5, ge=0, le=100)
+
+
+class SparkSettings(_Strict):
+    master: str = "local[*]"
+    app_name: str = "rebalancer"
+    shuffle_partitions: int = Field(8, ge=1)
+    driver_memory: str = Field("4g", pattern=r"^[0-9]+[kmgtKMGT]?$")
+
+
+class AffinitySettings(_Strict):
+    ignite_ids_as_strings: bool = False
+    arrow_batch_rows: int = Field(4096, ge=1)
+
+
+class GenerateSettings(_Strict):
+    avg_partition_bytes: int = Field(209_715_200, ge=0)
+    avg_entry_bytes: int = Field(1024, ge=1)
+    zones: int = Field(3, ge=1)
+    nodes_per_host: int = Field(1, ge=1)
+
+
+class RebalanceSettings(_Strict):
+    history_threshold: int = Field(500, ge=0)
+
+
+class MigrationSettings(_Strict):
+    max_parallel_per_node: int = Field(10, ge=1)
+
+
+class ValidationSettings(_Strict):
+    strict: bool = False
+
+
+class Settings(_Strict):
+    """Every setting of the engine; see ``conf/default.toml`` for what each means."""
+
+    storage: StorageSettings = StorageSettings()
+    spark: SparkSettings = SparkSettings()
+    affinity: AffinitySettings = AffinitySettings()
+    generate: GenerateSettings = GenerateSettings()
+    rebalance: RebalanceSettings = RebalanceSettings()
+    migration: MigrationSettings = MigrationSettings()
+    validation: ValidationSettings = ValidationSettings()
+
+    def with_overrides(self, **sections: dict[str, Any]) -> Settings:
+        """A copy with some keys replaced, validated like a file: ``s.with_overrides(storage={"warehouse": "w"})``."""
+        data = self.model_dump()
+        for section, values in sections.items():
+            data.setdefault(section, {}).update(values)
+        return _validate(data, source="overrides")
+
+
+def _validate(data: dict[str, Any], source: str) -> Settings:
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"invalid configuration in {source}: {problems}") from None
+
+
+def load_settings(path: str | Path | None = None) -> Settings:
+    """Load settings from a TOML file; ``None`` gives the defaults.
+
+    Raises:
+        ConfigError: the file is missing, not TOML, or has unknown keys or invalid values.
+    """
+    if path is None:
+        return Settings()
+    file = Path(path)
+    try:
+        data = tomllib.loads(file.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file {file} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"configuration file {file} is not valid TOML: {exc}") from None
+    return _validate(data, source=str(file))

@@ -1,0 +1,208 @@
+"""The table contract of SPEC.md sections 2 and 3: every table's schema, declared once.
+
+Input tables may carry extra columns (ignored); output tables are written only by the engine with exactly these
+columns. Storage creates tables from these constants, validation checks input against them, and each stage
+declares its output as one of them.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    DataType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+__all__ = [
+    "INPUT_TABLES",
+    "OUTPUT_TABLES",
+    "SCHEMAS",
+    "VERSION_COLUMNS",
+    "schema_of",
+]
+
+
+def _schema(*fields: tuple[str, DataType]) -> StructType:
+    return StructType([StructField(name, dtype, nullable=True) for name, dtype in fields])
+
+
+S, I, L, D, B, T = StringType(), IntegerType(), LongType(), DoubleType(), BooleanType(), TimestampType()
+VERSION_COLUMNS = ("topology_major", "topology_minor")
+_VERSION = (("topology_major", L), ("topology_minor", I))
+
+# ---- input tables (SPEC section 2) ----
+CACHE_GROUPS = _schema(
+    ("group_name", S),
+    ("partitions", I),
+    ("backups", I),
+    ("mode", S),
+    ("affinity", S),
+    ("exclude_neighbors", B),
+    ("backup_filter", ArrayType(S)),
+    ("loss_policy", S),
+    ("persistent", B),
+    ("partitioner", S),
+)
+NODES = _schema(
+    ("node_id", S),
+    ("node_uuid", S),
+    ("node_order", L),
+    ("host", S),
+    ("attributes", MapType(S, S)),
+    ("capacity", D),
+    ("is_client", B),
+)
+TOPOLOGY_EVENTS = _schema(
+    ("event_seq", L),
+    ("event_type", S),
+    ("node_id", S),
+    ("group_name", S),
+    ("event_time", T),
+)
+PARTITION_REPORTS = _schema(
+    ("node_id", S),
+    ("group_name", S),
+    ("partition_id", I),
+    ("state", S),
+    ("update_counter", L),
+    ("size", L),
+    ("bytes", L),
+    ("wal_history_counter", L),
+    ("report_seq", L),
+)
+
+# ---- output tables (SPEC section 3) ----
+EXCHANGES = _schema(
+    ("exchange_id", L),
+    *_VERSION,
+    ("exchange_type", S),
+    ("merged_event_seqs", ArrayType(L)),
+    ("coordinator", S),
+    ("max_report_seq", L),
+    ("started_at", T),
+    ("finished_at", T),
+    # summary counts (the team's design; see docs/DESIGN.md)
+    ("alive_servers", I),
+    ("alive_clients", I),
+    ("partitions", L),
+    ("lost_partitions", L),
+    ("moving_copies", L),
+    ("temporary_primaries", L),
+    ("counter_conflicts", L),
+    ("migrations", L),
+    ("bytes_to_move", L),
+    ("makespan_s", D),
+    ("makespan_lower_bound_s", D),
+)
+TOPOLOGY = _schema(*_VERSION, ("node_id", S), ("node_order", L), ("is_client", B))
+IDEAL_ASSIGNMENT = _schema(
+    *_VERSION, ("group_name", S), ("partition_id", I), ("replica_index", I), ("node_id", S)
+)
+AFFINITY_ASSIGNMENT = _schema(
+    *_VERSION,
+    ("group_name", S),
+    ("partition_id", I),
+    ("replica_index", I),
+    ("node_id", S),
+    ("is_temporary", B),
+)
+PARTITION_MAP = _schema(
+    *_VERSION,
+    ("group_name", S),
+    ("partition_id", I),
+    ("node_id", S),
+    ("state", S),
+    ("update_counter", L),
+    ("size", L),
+    ("bytes", L),
+)
+COUNTER_CONFLICTS = _schema(
+    *_VERSION,
+    ("group_name", S),
+    ("partition_id", I),
+    ("node_id", S),
+    ("update_counter", L),
+    ("max_update_counter", L),
+    ("size", L),
+    ("action", S),
+)
+LOST_PARTITIONS = _schema(
+    *_VERSION,
+    ("group_name", S),
+    ("partition_id", I),
+    ("loss_policy", S),
+    ("read_allowed", B),
+    ("write_allowed", B),
+)
+MIGRATION_PLAN = _schema(
+    *_VERSION,
+    ("migration_id", L),
+    ("group_name", S),
+    ("partition_id", I),
+    ("step", I),
+    ("action", S),
+    ("source_node", S),
+    ("target_node", S),
+    ("rebalance_mode", S),
+    ("from_counter", L),
+    ("to_counter", L),
+    ("bytes", L),
+    ("wave", I),
+    ("est_start_s", D),
+    ("est_end_s", D),
+)
+PARTITION_VERSIONS = _schema(
+    *_VERSION, ("group_name", S), ("partition_id", I), ("partition_version", L)
+)
+PARTITION_STAMPS = _schema(*_VERSION, ("group_name", S), ("stamp", L))
+CLIENT_AFFINITY = _schema(
+    *_VERSION,
+    ("mapping_id", I),
+    ("group_names", ArrayType(S)),
+    ("partition_id", I),
+    ("primary_node", S),
+    ("backup_nodes", ArrayType(S)),
+)
+REJECTED_ROWS = _schema(("table_name", S), ("row_json", S), ("reason", S), ("exchange_id", L))
+
+INPUT_TABLES: dict[str, StructType] = {
+    "cache_groups": CACHE_GROUPS,
+    "nodes": NODES,
+    "topology_events": TOPOLOGY_EVENTS,
+    "partition_reports": PARTITION_REPORTS,
+}
+OUTPUT_TABLES: dict[str, StructType] = {
+    "exchanges": EXCHANGES,
+    "topology": TOPOLOGY,
+    "ideal_assignment": IDEAL_ASSIGNMENT,
+    "affinity_assignment": AFFINITY_ASSIGNMENT,
+    "partition_map": PARTITION_MAP,
+    "counter_conflicts": COUNTER_CONFLICTS,
+    "lost_partitions": LOST_PARTITIONS,
+    "migration_plan": MIGRATION_PLAN,
+    "partition_versions": PARTITION_VERSIONS,
+    "partition_stamps": PARTITION_STAMPS,
+    "client_affinity": CLIENT_AFFINITY,
+    "rejected_rows": REJECTED_ROWS,
+}
+SCHEMAS: dict[str, StructType] = {**INPUT_TABLES, **OUTPUT_TABLES}
+
+
+def schema_of(name: str) -> StructType:
+    """The declared schema of table ``name``.
+
+    Raises:
+        KeyError: ``name`` is not a table of the contract (the message lists the known tables).
+    """
+    try:
+        return SCHEMAS[name]
+    except KeyError:
+        raise KeyError(f"unknown table {name!r}; known tables: {', '.join(sorted(SCHEMAS))}") from None

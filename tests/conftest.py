@@ -1,0 +1,40 @@
+"""One session-scoped local SparkSession for the whole suite (local[2], 2 shuffle partitions, UI off, UTC)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+settings.register_profile(
+    "ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+settings.register_profile(
+    "soak", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    from rebalancer.config import SparkSettings
+    from rebalancer.session import get_spark
+
+    session = get_spark(
+        SparkSettings(master="local[2]", shuffle_partitions=2, driver_memory="2g", app_name="rebalancer-tests"),
+        extra_conf={"spark.default.parallelism": "2"},
+    )
+    yield session
+    session.stop()
+
+
+@pytest.fixture()
+def warehouse_dir(tmp_path: Path) -> Path:
+    return tmp_path / "warehouse"
