@@ -42,6 +42,9 @@ def get_spark(settings: SparkSettings | None = None, extra_conf: dict[str, str] 
     if active is not None:
         return active
     settings = settings or SparkSettings()
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        # Launched by spark-submit: master, memory and packages come from its command line, not from us.
+        return SparkSession.builder.appName(settings.app_name).getOrCreate()
     # Python workers must run this interpreter, or mapInArrow workers miss pyarrow/numpy (FIELD-NOTES).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

@@ -89,7 +89,8 @@ EXCHANGES = _schema(
     ("max_report_seq", L),
     ("started_at", T),
     ("finished_at", T),
-    # summary counts (the team's design; see docs/DESIGN.md)
+    # the team's design (docs/DESIGN.md): the running groups, which the next exchange starts from, and a summary
+    ("running_groups", ArrayType(S)),
     ("alive_servers", I),
     ("alive_clients", I),
     ("partitions", L),

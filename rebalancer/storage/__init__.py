@@ -1,0 +1,90 @@
+"""Storage: the only code in rebalancer that touches Delta.
+
+A *warehouse* holds one Delta table per name of :data:`rebalancer.tables.SCHEMAS` (SPEC section 1). Open it with
+:func:`open_warehouse`; everything else goes through the returned :class:`Warehouse`::
+
+    wh = open_warehouse(spark, settings.storage)
+    wh.create_tables()
+    wh.replace_where("topology", topology_df, {"topology_major": 5, "topology_minor": 0})
+    wh.register_views()
+    spark.sql("SELECT count(*) FROM topology").show()
+
+Two engines implement it with the same layout and schemas: ``delta-spark`` (Delta jars in the Spark JVM, used when
+present) and ``delta-rs`` (the ``deltalake`` package; Spark writes the files, delta-rs commits them). See
+docs/STORAGE.md for the design, guarantees and measured timings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from rebalancer.config import StorageSettings
+from rebalancer.storage.base import ENGINES, TABLE_PROPERTIES, Warehouse, WhereValue
+from rebalancer.storage.engine import delta_classes_available, resolve_engine
+from rebalancer.storage.errors import (
+    ConcurrentWriteError,
+    DuplicateKeyError,
+    EngineUnavailableError,
+    InvalidArgumentError,
+    SchemaMismatchError,
+    StorageError,
+    TableNotFoundError,
+    UnknownTableError,
+    UnsupportedTableError,
+    VersionNotFoundError,
+    WhereMismatchError,
+)
+
+__all__ = [
+    "ENGINES",
+    "TABLE_PROPERTIES",
+    "ConcurrentWriteError",
+    "DuplicateKeyError",
+    "EngineUnavailableError",
+    "InvalidArgumentError",
+    "SchemaMismatchError",
+    "StorageError",
+    "TableNotFoundError",
+    "UnknownTableError",
+    "UnsupportedTableError",
+    "VersionNotFoundError",
+    "Warehouse",
+    "WhereMismatchError",
+    "WhereValue",
+    "delta_classes_available",
+    "open_warehouse",
+    "resolve_engine",
+]
+
+
+def open_warehouse(spark: SparkSession, settings: StorageSettings, warehouse: str | Path | None = None) -> Warehouse:
+    """Open the warehouse with the engine ``settings.engine`` selects (``auto``: delta-spark if loadable).
+
+    Nothing is created or read here; call :meth:`Warehouse.create_tables` to create missing tables.
+
+    Args:
+        spark: the session used for reads and data-file writes.
+        settings: ``storage`` settings: engine, warehouse directory, catalog prefix, commit retries.
+        warehouse: overrides ``settings.warehouse`` (the CLI's ``--warehouse``); relative paths are resolved
+            against the working directory.
+
+    Returns:
+        A :class:`Warehouse` whose ``engine`` is ``"delta-spark"`` or ``"delta-rs"``.
+
+    Raises:
+        EngineUnavailableError: delta-spark is required (explicitly or by ``catalog_prefix``) but not loadable.
+        UnsupportedTableError: the delta-rs engine was given a remote warehouse URI.
+    """
+    engine = resolve_engine(spark, settings)
+    location = warehouse if warehouse is not None else settings.warehouse
+    if engine == "delta-spark":
+        from rebalancer.storage.delta_spark import DeltaSparkWarehouse
+
+        return DeltaSparkWarehouse(
+            spark, location, catalog_prefix=settings.catalog_prefix, commit_retries=settings.commit_retries
+        )
+    from rebalancer.storage.delta_rs import DeltaRsWarehouse
+
+    return DeltaRsWarehouse(spark, location, commit_retries=settings.commit_retries)

@@ -1,0 +1,35 @@
+# rebalancer: two set-up commands on a fresh machine (Python 3.11 + Java 17): `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-all soak lint bench bench-quick clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "$(PYTHON) not found; run: make PYTHON=python3 ..."; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test,dev]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/rebalancer demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q -m ""
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check rebalancer tests bench jobs
+	$(VENV)/bin/mypy rebalancer
+
+bench: $(STAMP)
+	$(PY) bench/affinity.py
+
+clean:
+	rm -rf $(VENV) warehouse spark-warehouse build *.egg-info

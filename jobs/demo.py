@@ -1,0 +1,8 @@
+"""spark-submit entry point: `spark-submit jobs/demo.py [--warehouse W] [--conf F] [options]` = `rebalancer demo`."""
+
+import sys
+
+from rebalancer.cli import run_job
+
+if __name__ == "__main__":
+    run_job("demo", sys.argv[1:])

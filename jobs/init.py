@@ -1,0 +1,8 @@
+"""spark-submit entry point: `spark-submit jobs/init.py [--warehouse W] [--conf F] [options]` = `rebalancer init`."""
+
+import sys
+
+from rebalancer.cli import run_job
+
+if __name__ == "__main__":
+    run_job("init", sys.argv[1:])

@@ -1,0 +1,240 @@
+"""The ``rebalancer`` command line: a thin layer over :mod:`rebalancer.operations`.
+
+Errors print one sentence (``error: ...``) and exit 1; set ``REBALANCER_DEBUG=1`` for the full traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rebalancer.config import Settings, load_settings
+
+app = typer.Typer(
+    name="rebalancer",
+    help="Partition map exchange, late affinity and migration plans as batch Spark jobs over Delta tables.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+@dataclass
+class CliState:
+    """What every command receives: settings and the warehouse location, resolved from the global options."""
+
+    settings: Settings
+    _spark: Any = field(default=None, repr=False)
+    _warehouse: Any = field(default=None, repr=False)
+
+    @property
+    def spark(self) -> Any:
+        if self._spark is None:
+            with step("starting Spark"):
+                from rebalancer.session import get_spark
+
+                self._spark = get_spark(self.settings.spark)
+        return self._spark
+
+    @property
+    def warehouse(self) -> Any:
+        if self._warehouse is None:
+            from rebalancer.storage import open_warehouse
+
+            self._warehouse = open_warehouse(self.spark, self.settings.storage)
+        return self._warehouse
+
+
+@contextmanager
+def step(label: str) -> Iterator[None]:
+    """Show a spinner while a long step runs, then its duration."""
+    start = time.perf_counter()
+    with err_console.status(f"{label}..."):
+        yield
+    err_console.print(f"[dim]{label}: {time.perf_counter() - start:.1f} s[/dim]")
+
+
+def _state(ctx: typer.Context) -> CliState:
+    state: CliState = ctx.obj
+    return state
+
+
+@app.callback()
+def _global_options(
+    ctx: typer.Context,
+    warehouse: Annotated[
+        str | None, typer.Option("--warehouse", help="Warehouse directory (default: storage.warehouse, 'warehouse').")
+    ] = None,
+    conf: Annotated[
+        Path | None, typer.Option("--conf", help="TOML settings file; see conf/default.toml for every key.")
+    ] = None,
+) -> None:
+    settings = load_settings(conf)
+    if warehouse is not None:
+        settings = settings.with_overrides(storage={"warehouse": warehouse})
+    ctx.obj = CliState(settings)
+
+
+@app.command()
+def init(ctx: typer.Context) -> None:
+    """Create every table of the contract that does not exist yet (idempotent)."""
+    state = _state(ctx)
+    with step("creating tables"):
+        created = state.warehouse.create_tables()
+    where = state.warehouse.location
+    if created:
+        console.print(f"created {len(created)} tables in {where}: {', '.join(created)}")
+    else:
+        console.print(f"all tables already exist in {where}")
+
+
+@app.command()
+def generate(
+    ctx: typer.Context,
+    nodes: Annotated[int, typer.Option(help="Server nodes.")] = 5,
+    groups: Annotated[int, typer.Option(help="Cache groups.")] = 2,
+    partitions: Annotated[int, typer.Option(help="Partitions per group (1..65536).")] = 1024,
+    backups: Annotated[int, typer.Option(help="Backups per partition.")] = 1,
+    seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same cluster.")] = 0,
+) -> None:
+    """Replace the warehouse's inputs with a steady synthetic cluster (every ideal replica OWNING)."""
+    from rebalancer.operations import generate_into
+
+    state = _state(ctx)
+    with step(f"generating {nodes} nodes, {groups} groups x {partitions} partitions, {backups} backups"):
+        counts = generate_into(
+            state.spark, state.warehouse, state.settings, nodes, groups, partitions, backups, seed
+        )
+    console.print(
+        f"wrote {counts['nodes']} nodes, {counts['cache_groups']} cache groups, "
+        f"{counts['topology_events']} events and {counts['partition_reports']} partition reports "
+        f"to {state.warehouse.location}"
+    )
+
+
+@app.command()
+def event(
+    ctx: typer.Context,
+    event_type: Annotated[
+        str, typer.Argument(metavar="TYPE", help="NODE_JOINED, NODE_LEFT, NODE_FAILED, CACHE_STARTED, "
+                            "CACHE_STOPPED or RESET_LOST_PARTITIONS.")
+    ],
+    node: Annotated[str | None, typer.Option("--node", help="Node id (node events).")] = None,
+    group: Annotated[str | None, typer.Option("--group", help="Cache group (cache and reset events).")] = None,
+    host: Annotated[str | None, typer.Option(help="Host of a new node (NODE_JOINED).")] = None,
+    zone: Annotated[str | None, typer.Option(help="Zone attribute of a new node (NODE_JOINED).")] = None,
+    client: Annotated[bool, typer.Option("--client", help="The new node is a client (holds no data).")] = False,
+) -> None:
+    """Append a topology event; the next `exchange` processes it."""
+    from rebalancer.operations import append_event
+
+    state = _state(ctx)
+    appended = append_event(
+        state.spark, state.warehouse, event_type, node, group, host=host, zone=zone, is_client=client
+    )
+    subject = appended.node_id or appended.group_name
+    console.print(f"event {appended.event_seq}: {appended.event_type} {subject}")
+    if appended.node_added:
+        console.print(f"node {appended.node_id} added to nodes")
+
+
+@app.command()
+def sql(
+    ctx: typer.Context,
+    query: Annotated[str, typer.Argument(help="Spark SQL; every table is a view by its name.")],
+    limit: Annotated[int, typer.Option(help="Rows to print at most.")] = 100,
+) -> None:
+    """Run a Spark SQL query over the warehouse tables and print the result."""
+    state = _state(ctx)
+    state.warehouse.register_views()
+    df = state.spark.sql(query)
+    print_rows(df.columns, [tuple(r) for r in df.limit(limit + 1).collect()], limit)
+
+
+def print_rows(columns: list[str], rows: list[tuple[Any, ...]], limit: int) -> None:
+    table = Table(show_header=True, header_style="bold")
+    for name in columns:
+        table.add_column(name)
+    for row in rows[:limit]:
+        table.add_row(*["NULL" if v is None else str(v) for v in row])
+    console.print(table)
+    more = " (more not shown)" if len(rows) > limit else ""
+    console.print(f"{min(len(rows), limit)} row(s){more}")
+
+
+@app.command()
+def demo(
+    ctx: typer.Context,
+    nodes: Annotated[int, typer.Option(help="Server nodes.")] = 12,
+    groups: Annotated[int, typer.Option(help="Cache groups.")] = 4,
+    partitions: Annotated[int, typer.Option(help="Partitions per group.")] = 256,
+    backups: Annotated[int, typer.Option(help="Backups per partition.")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed.")] = 42,
+) -> None:
+    """The main job, end to end on the embedded default: generate a cluster and show how its data spreads."""
+    from rebalancer.demo import run_demo
+
+    state = _state(ctx)
+    run_demo(state, nodes=nodes, groups=groups, partitions=partitions, backups=backups, seed=seed)
+
+
+def _one_sentence(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    first = text.splitlines()[0]
+    # Spark errors carry a JVM stack trace after the first line; the first line is the sentence a person needs.
+    return first if len(first) <= 400 else first[:400] + "..."
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``rebalancer`` script (typer reports usage errors itself; ours are one sentence)."""
+    try:
+        app(args=argv, prog_name="rebalancer")
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+    except Exception as exc:
+        if os.environ.get("REBALANCER_DEBUG"):
+            raise
+        err_console.print(f"error: {_one_sentence(exc)}", markup=False)
+        sys.exit(1)
+
+
+_GLOBAL_OPTIONS = ("--warehouse", "--conf")
+
+
+def run_job(command: str, argv: list[str]) -> None:
+    """Run one CLI command from a spark-submit job: ``jobs/<command>.py [--warehouse W] [--conf F] [options]``.
+
+    Global options may appear anywhere in ``argv``; they are moved before the command as the CLI expects.
+    """
+    global_args: list[str] = []
+    command_args: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        name = arg.split("=", 1)[0]
+        if name in _GLOBAL_OPTIONS:
+            global_args.append(arg)
+            if "=" not in arg:
+                global_args.append(next(args, ""))
+        else:
+            command_args.append(arg)
+    main([*global_args, command, *command_args])
+
+
+if __name__ == "__main__":
+    main()

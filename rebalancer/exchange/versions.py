@@ -1,0 +1,213 @@
+"""Events -> exchanges: which topology versions a run commits, in pure Python (no Spark).
+
+Rules (SPEC "Exchange (PME)", Ignite's AffinityTopologyVersion):
+- A node event (NODE_JOINED / NODE_LEFT / NODE_FAILED) bumps the major version and resets minor to 0.
+  Consecutive pending node events merge into one exchange whose version is the last event's.
+  The merged exchange is ``ALL`` when any server node joined or left, ``NONE`` when only clients did.
+- CACHE_STARTED / CACHE_STOPPED bump the minor version (``CACHE_CHANGE``), one exchange each;
+  RESET_LOST_PARTITIONS bumps the minor version (``RESET_LOST``).
+- An event that cannot apply (a join of a node already alive, a leave of a node not alive, an event for a node
+  or group the input tables do not know, a start of a running group, a stop of a stopped one) is rejected with a
+  reason and changes nothing; it is still consumed, so it is not re-read forever.
+- The coordinator is the alive server with the lowest ``node_order`` (None when no server is alive).
+
+The late affinity switch is decided from data (reports), not from events, by the exchange job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+__all__ = [
+    "Event",
+    "ExchangeStep",
+    "NodeInfo",
+    "Rejection",
+    "TopologyState",
+    "coordinator_of",
+    "plan_exchanges",
+]
+
+NODE_EVENTS = frozenset({"NODE_JOINED", "NODE_LEFT", "NODE_FAILED"})
+CACHE_EVENTS = frozenset({"CACHE_STARTED", "CACHE_STOPPED"})
+RESET_EVENT = "RESET_LOST_PARTITIONS"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node_order: int
+    is_client: bool
+
+
+@dataclass(frozen=True)
+class Event:
+    event_seq: int
+    event_type: str
+    node_id: str | None = None
+    group_name: str | None = None
+
+
+@dataclass(frozen=True)
+class TopologyState:
+    """What a committed version says: its version, alive nodes and running groups."""
+
+    major: int = 0
+    minor: int = 0
+    alive: Mapping[str, NodeInfo] = field(default_factory=dict)
+    groups: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class ExchangeStep:
+    """One exchange to commit: the version it produces and what changed to get there."""
+
+    major: int
+    minor: int
+    exchange_type: str
+    merged_event_seqs: tuple[int, ...]
+    alive: Mapping[str, NodeInfo]
+    groups: frozenset[str]
+    new_groups: frozenset[str] = frozenset()
+    reset_groups: frozenset[str] = frozenset()
+    coordinator: str | None = None
+
+
+@dataclass(frozen=True)
+class Rejection:
+    event: Event
+    reason: str
+
+
+def coordinator_of(alive: Mapping[str, NodeInfo]) -> str | None:
+    """The alive server with the lowest node_order (ties by node_id), or None."""
+    servers = [(info.node_order, node_id) for node_id, info in alive.items() if not info.is_client]
+    return min(servers)[1] if servers else None
+
+
+def _apply_node_event(
+    event: Event, alive: dict[str, NodeInfo], catalog: Mapping[str, NodeInfo]
+) -> str | None:
+    """Apply a node event to ``alive`` in place; return a rejection reason instead when it cannot apply."""
+    node = event.node_id
+    if node is None:
+        return f"{event.event_type} has no node_id"
+    if node not in catalog:
+        return f"{event.event_type} for node {node!r}, which is not in the nodes table"
+    if event.event_type == "NODE_JOINED":
+        if node in alive:
+            return f"NODE_JOINED for node {node!r}, which is already alive"
+        alive[node] = catalog[node]
+    else:
+        if node not in alive:
+            return f"{event.event_type} for node {node!r}, which is not alive"
+        del alive[node]
+    return None
+
+
+def plan_exchanges(
+    state: TopologyState,
+    pending: Iterable[Event],
+    node_catalog: Mapping[str, NodeInfo],
+    group_catalog: Iterable[str],
+) -> tuple[list[ExchangeStep], list[Rejection]]:
+    """Turn pending events (any order; processed by ``event_seq``) into the exchanges to commit.
+
+    Rejected events change nothing. Events are "consumed" by the exchanges that follow them: the job reads as
+    pending only events newer than the newest merged event, so a rejected event at the tail of the log is seen
+    again by the next run (its ``rejected_rows`` entry is written once; the job deduplicates).
+
+    Args:
+        state: the last committed version (``TopologyState()`` before the first exchange).
+        pending: events newer than the last committed exchange.
+        node_catalog: every valid node of the ``nodes`` table.
+        group_catalog: every valid group of the ``cache_groups`` table. Groups with no CACHE_STARTED event
+            start with the first exchange that has a server node (a generated cluster has no cache events).
+
+    Returns:
+        The exchanges in commit order, and the events that could not apply.
+    """
+    catalog_groups = frozenset(group_catalog)
+    pending = list(pending)
+    implicit_groups: frozenset[str] = frozenset()
+    if not state.groups and coordinator_of(state.alive) is None:
+        # A fresh cluster: groups with no CACHE_STARTED event start with the first server.
+        explicit = {e.group_name for e in pending if e.event_type == "CACHE_STARTED"}
+        implicit_groups = frozenset(g for g in catalog_groups if g not in explicit)
+    major, minor = state.major, state.minor
+    alive = dict(state.alive)
+    groups = set(state.groups)
+    steps: list[ExchangeStep] = []
+    rejections: list[Rejection] = []
+    events = sorted(pending, key=lambda e: e.event_seq)
+
+    i = 0
+    while i < len(events):
+        if events[i].event_type in NODE_EVENTS:
+            merged: list[int] = []
+            server_change = False
+            while i < len(events) and events[i].event_type in NODE_EVENTS:
+                event = events[i]
+                i += 1
+                reason = _apply_node_event(event, alive, node_catalog)
+                if reason is not None:
+                    rejections.append(Rejection(event, reason))
+                    continue
+                merged.append(event.event_seq)
+                major += 1
+                server_change = server_change or not node_catalog[event.node_id or ""].is_client
+            if not merged:
+                continue
+            minor = 0
+            new_groups: frozenset[str] = frozenset()
+            if implicit_groups and server_change:
+                new_groups, implicit_groups = implicit_groups, frozenset()
+                groups |= new_groups
+            steps.append(
+                ExchangeStep(
+                    major, minor, "ALL" if server_change else "NONE", tuple(merged), dict(alive),
+                    frozenset(groups), new_groups=new_groups, coordinator=coordinator_of(alive),
+                )
+            )
+            continue
+
+        event = events[i]
+        i += 1
+        reason = _group_event_problem(event, groups, catalog_groups)
+        if reason is not None:
+            rejections.append(Rejection(event, reason))
+            continue
+        group = event.group_name or ""
+        minor += 1
+        new: frozenset[str] = frozenset()
+        reset: frozenset[str] = frozenset()
+        if event.event_type == "CACHE_STARTED":
+            groups.add(group)
+            new = frozenset({group})
+        elif event.event_type == "CACHE_STOPPED":
+            groups.discard(group)
+        else:
+            reset = frozenset({group})
+        steps.append(
+            ExchangeStep(
+                major, minor, "RESET_LOST" if reset else "CACHE_CHANGE", (event.event_seq,), dict(alive),
+                frozenset(groups), new_groups=new, reset_groups=reset, coordinator=coordinator_of(alive),
+            )
+        )
+    return steps, rejections
+
+
+def _group_event_problem(event: Event, groups: set[str], catalog: frozenset[str]) -> str | None:
+    """Why a cache or reset event cannot apply, or None when it can."""
+    group = event.group_name
+    if event.event_type not in CACHE_EVENTS and event.event_type != RESET_EVENT:
+        return f"unknown event type {event.event_type!r}"
+    if group is None:
+        return f"{event.event_type} has no group_name"
+    if group not in catalog:
+        return f"{event.event_type} for group {group!r}, which is not in the cache_groups table"
+    if event.event_type == "CACHE_STARTED" and group in groups:
+        return f"CACHE_STARTED for group {group!r}, which is already running"
+    if event.event_type != "CACHE_STARTED" and group not in groups:
+        return f"{event.event_type} for group {group!r}, which is not running"
+    return None

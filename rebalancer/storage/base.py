@@ -1,0 +1,745 @@
+"""The engine-neutral part of storage: the :class:`Warehouse` interface and the pure helpers both engines share.
+
+The helpers here hold the rules that must not differ between engines:
+
+* which implicit conversions a write accepts (:func:`can_store`: lossless widening only, so a double never becomes
+  a truncated int and a string never becomes a number behind the caller's back);
+* how a DataFrame is fitted to a table (:func:`conform`) and how a stored table is fitted to its declared contract
+  on read (:func:`project_declared`);
+* how a ``where`` mapping becomes a Spark predicate or SQL text (:func:`where_predicate`, :func:`where_sql`);
+* how commits that lose a race are retried (:func:`retry_on_conflict`).
+"""
+
+from __future__ import annotations
+
+import abc
+import datetime as dt
+import functools
+import logging
+import math
+import operator
+import random
+import re
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import TypeVar
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    ByteType,
+    CharType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    NullType,
+    ShortType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+    VarcharType,
+)
+
+from rebalancer import tables
+from rebalancer.storage.errors import (
+    ConcurrentWriteError,
+    DuplicateKeyError,
+    InvalidArgumentError,
+    SchemaMismatchError,
+    UnknownTableError,
+)
+
+__all__ = [
+    "ENGINES",
+    "TABLE_PROPERTIES",
+    "Warehouse",
+    "WhereValue",
+    "can_store",
+    "check_table_name",
+    "check_unique_keys",
+    "conform",
+    "merge_condition",
+    "project_declared",
+    "quote_identifier",
+    "retry_on_conflict",
+    "sql_literal",
+    "where_predicate",
+    "where_sql",
+]
+
+log = logging.getLogger("rebalancer.storage")
+
+ENGINES = ("delta-rs", "delta-spark")
+
+# Properties every table the engine creates carries: the lowest protocol every Delta reader understands, and no
+# deletion vectors (a delta-rs warehouse is read by Spark as plain parquet files, which would resurrect rows that a
+# deletion vector hides). delta-rs keeps 1/2 by default; delta-spark needs the explicit properties.
+TABLE_PROPERTIES: dict[str, str] = {
+    "delta.minReaderVersion": "1",
+    "delta.minWriterVersion": "2",
+    "delta.enableDeletionVectors": "false",
+}
+
+WhereValue = bool | int | float | str | dt.datetime | dt.date | None
+
+T = TypeVar("T")
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Integral widening order: a type may be stored in any type to its right.
+_INTEGRAL: tuple[type[DataType], ...] = (ByteType, ShortType, IntegerType, LongType)
+# Decimal digits needed to hold every value of an integral type.
+_INTEGRAL_DIGITS: dict[type[DataType], int] = {ByteType: 3, ShortType: 5, IntegerType: 10, LongType: 20}
+
+
+def check_table_name(name: str) -> str:
+    """Check that ``name`` is usable as a directory name and a SQL identifier.
+
+    Args:
+        name: a table name such as ``"partition_map"``.
+
+    Returns:
+        ``name`` unchanged.
+
+    Raises:
+        UnknownTableError: the name is empty or has characters other than letters, digits and ``_``.
+    """
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise UnknownTableError(
+            f"{name!r} is not a valid table name; use letters, digits and underscores, for example 'partition_map'."
+        )
+    return name
+
+
+def check_contract_name(name: str) -> str:
+    """Check that ``name`` is a table of the contract (``tables.SCHEMAS``).
+
+    Args:
+        name: a table name.
+
+    Returns:
+        ``name`` unchanged.
+
+    Raises:
+        UnknownTableError: the name is not one of ``tables.SCHEMAS`` (the message lists them).
+    """
+    check_table_name(name)
+    if name not in tables.SCHEMAS:
+        raise UnknownTableError(
+            f"{name!r} is not a rebalancer table; known tables: {', '.join(sorted(tables.SCHEMAS))}."
+        )
+    return name
+
+
+def can_store(source: DataType, target: DataType) -> bool:
+    """Whether a value of type ``source`` can be written into a column of type ``target`` without loss.
+
+    Only widening is implicit: byte < short < int < bigint, integral or float to double, decimal to a decimal with
+    at least as many integral and fractional digits, date to timestamp, char/varchar to string, and untyped nulls to
+    anything; containers widen element-wise. Narrowing (bigint to int), fractional to integral and anything to or
+    from string must be cast by the caller, where the decision is visible.
+
+    Args:
+        source: the type a DataFrame column has.
+        target: the type the table declares.
+
+    Returns:
+        True when the conversion is lossless for every value.
+    """
+    if isinstance(source, NullType):
+        return True
+    if isinstance(source, (CharType, VarcharType)):
+        return isinstance(target, StringType)
+    if type(source) is type(target) and not isinstance(source, (ArrayType, MapType, StructType, DecimalType)):
+        return source == target  # same atomic type (equality also compares string collations)
+    if isinstance(source, ArrayType) and isinstance(target, ArrayType):
+        return can_store(source.elementType, target.elementType)
+    if isinstance(source, MapType) and isinstance(target, MapType):
+        return can_store(source.keyType, target.keyType) and can_store(source.valueType, target.valueType)
+    if isinstance(source, StructType) and isinstance(target, StructType):
+        return len(source.fields) == len(target.fields) and all(
+            s.name == t.name and can_store(s.dataType, t.dataType)
+            for s, t in zip(source.fields, target.fields, strict=True)
+        )
+    if type(source) in _INTEGRAL and type(target) in _INTEGRAL:
+        return _INTEGRAL.index(type(source)) <= _INTEGRAL.index(type(target))
+    if isinstance(target, DoubleType):
+        # Every int and float is exactly representable as a double; a bigint is not (above 2^53).
+        return isinstance(source, (ByteType, ShortType, IntegerType, FloatType))
+    if isinstance(target, DecimalType):
+        if isinstance(source, DecimalType):
+            return source.scale <= target.scale and (source.precision - source.scale) <= (
+                target.precision - target.scale
+            )
+        if type(source) in _INTEGRAL_DIGITS:
+            return target.precision - target.scale >= _INTEGRAL_DIGITS[type(source)]
+        return False
+    return isinstance(source, DateType) and isinstance(target, TimestampType)
+
+
+def _same_type(a: DataType, b: DataType) -> bool:
+    """Equal types, ignoring the nullability flags inside containers (they never need a cast)."""
+    if isinstance(a, ArrayType) and isinstance(b, ArrayType):
+        return _same_type(a.elementType, b.elementType)
+    if isinstance(a, MapType) and isinstance(b, MapType):
+        return _same_type(a.keyType, b.keyType) and _same_type(a.valueType, b.valueType)
+    if isinstance(a, StructType) and isinstance(b, StructType):
+        return len(a.fields) == len(b.fields) and all(
+            x.name == y.name and _same_type(x.dataType, y.dataType) for x, y in zip(a.fields, b.fields, strict=True)
+        )
+    return a == b
+
+
+_NULL_MARKER = "rebalancer-null-violation"
+
+
+def conform(df: DataFrame, target: StructType, table: str, *, optional: Collection[str] = ()) -> DataFrame:
+    """Fit ``df`` to a table schema before writing: the table's columns, in its order, with its types.
+
+    Columns of ``df`` the table does not have are dropped (a table cannot hold them). Types are converted only
+    when :func:`can_store` allows it, so nothing is truncated or reinterpreted; everything else is refused before
+    any data is read. Columns the table declares NOT NULL fail the write (at run time) if a null arrives.
+
+    Args:
+        df: the rows to write.
+        target: the table's stored schema.
+        table: the table name, for messages.
+        optional: target columns ``df`` may lack; they are written as nulls (extra columns of input tables).
+
+    Returns:
+        A DataFrame whose schema equals ``target`` up to nullability.
+
+    Raises:
+        SchemaMismatchError: a required column is missing or a column's type cannot be stored losslessly.
+    """
+    fields = {f.name: f for f in df.schema.fields}
+    problems: list[str] = []
+    columns: list[Column] = []
+    for field in target.fields:
+        source = fields.get(field.name)
+        if source is None:
+            if field.name in optional:
+                columns.append(F.lit(None).cast(field.dataType).alias(field.name))
+            else:
+                problems.append(f"column {field.name} ({field.dataType.simpleString()}) is missing")
+            continue
+        if not can_store(source.dataType, field.dataType):
+            problems.append(
+                f"column {field.name} is {source.dataType.simpleString()} but the table stores "
+                f"{field.dataType.simpleString()}"
+            )
+            continue
+        column = df[field.name]
+        if not _same_type(source.dataType, field.dataType):
+            column = column.cast(field.dataType)
+        if not field.nullable:
+            message = f"{_NULL_MARKER}: column {field.name} of {table} is NOT NULL but a null was written"
+            column = F.when(column.isNull(), F.raise_error(F.lit(message))).otherwise(column)
+        columns.append(column.alias(field.name))
+    if problems:
+        raise SchemaMismatchError(
+            f"cannot write to {table}: {'; '.join(problems)} (cast explicitly where you accept a narrowing "
+            f"or reinterpreting conversion)."
+        )
+    return df.select(*columns)
+
+
+def project_declared(df: DataFrame, declared: StructType, table: str) -> DataFrame:
+    """Fit a table as stored to its declared contract on read: declared columns only, in order, declared types.
+
+    Args:
+        df: the table as stored (every stored column, stored types).
+        declared: the contract schema from :mod:`rebalancer.tables`.
+        table: the table name, for messages.
+
+    Returns:
+        A DataFrame with exactly the declared columns and types.
+
+    Raises:
+        SchemaMismatchError: a declared column is missing or stored with a type that does not widen losslessly
+            into the declared one (validate such tables through ``read_raw``).
+    """
+    stored = {f.name: f for f in df.schema.fields}
+    problems: list[str] = []
+    columns: list[Column] = []
+    for field in declared.fields:
+        source = stored.get(field.name)
+        if source is None:
+            problems.append(f"column {field.name} is missing")
+        elif not can_store(source.dataType, field.dataType):
+            problems.append(
+                f"column {field.name} is stored as {source.dataType.simpleString()}, not "
+                f"{field.dataType.simpleString()}"
+            )
+        elif _same_type(source.dataType, field.dataType):
+            columns.append(df[field.name])
+        else:
+            columns.append(df[field.name].cast(field.dataType).alias(field.name))
+    if problems:
+        raise SchemaMismatchError(
+            f"table {table} does not match its contract: {'; '.join(problems)} (read it with read_raw and "
+            f"validate it, or rewrite it with the declared types)."
+        )
+    return df.select(*columns)
+
+
+# The Python value types a where may hold, and the column types each may be compared with.
+_WHERE_TYPES: dict[type, tuple[type[DataType], ...]] = {
+    bool: (BooleanType,),
+    int: (ByteType, ShortType, IntegerType, LongType, DecimalType),
+    float: (FloatType, DoubleType, DecimalType),
+    str: (StringType, CharType, VarcharType),
+    dt.datetime: (TimestampType, TimestampNTZType),
+    dt.date: (DateType,),
+}
+
+
+def _check_where(where: Mapping[str, WhereValue], schema: StructType, table: str) -> None:
+    names = set(schema.names)
+    unknown = [k for k in where if k not in names]
+    if unknown:
+        raise InvalidArgumentError(
+            f"replace_where on {table} names columns the table does not have: {', '.join(unknown)}."
+        )
+    for key, value in where.items():
+        if value is None:
+            continue
+        column_type = schema[key].dataType
+        accepted = _WHERE_TYPES.get(type(value))
+        if accepted is None:
+            raise InvalidArgumentError(
+                f"replace_where on {table}: the value for {key} is a {type(value).__name__}; use a bool, int, "
+                f"float, str, date, datetime or None."
+            )
+        if not isinstance(column_type, accepted):
+            # Comparing e.g. a string column with an int would make Spark cast every stored value.
+            raise InvalidArgumentError(
+                f"replace_where on {table}: {key} is {column_type.simpleString()} but the value {value!r} is a "
+                f"{type(value).__name__}; pass a value of the column's type."
+            )
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidArgumentError(f"replace_where on {table}: the value for {key} must be finite, not {value}.")
+        if isinstance(value, dt.datetime) and value.tzinfo is None:
+            raise InvalidArgumentError(
+                f"replace_where on {table}: the datetime for {key} has no time zone; pass an aware (UTC) datetime."
+            )
+
+
+def where_predicate(where: Mapping[str, WhereValue], schema: StructType, table: str) -> Column:
+    """The Spark predicate "every key equals its value" (``None`` matches nulls), never null itself.
+
+    Args:
+        where: column name to value; an empty mapping matches every row.
+        schema: the table schema (keys are checked against it).
+        table: the table name, for messages.
+
+    Returns:
+        A boolean Column, true exactly for the rows ``replace_where`` replaces.
+
+    Raises:
+        InvalidArgumentError: ``where`` names unknown columns or holds unsupported values.
+    """
+    _check_where(where, schema, table)
+    # <=> (null-safe equality) so that the predicate is true or false, never null: NOT(predicate) then keeps
+    # exactly the rows that are not replaced, including rows whose key is null.
+    terms = [F.col(quote_identifier(key)).eqNullSafe(F.lit(value)) for key, value in where.items()]
+    return functools.reduce(operator.and_, terms) if terms else F.lit(True)
+
+
+def quote_identifier(name: str) -> str:
+    """A Spark SQL identifier in backquotes (embedded backquotes doubled).
+
+    Args:
+        name: a column or table name.
+
+    Returns:
+        The quoted identifier, e.g. ``\\`topology_major\\```.
+    """
+    return "`" + name.replace("`", "``") + "`"
+
+
+def sql_literal(value: WhereValue) -> str:
+    """A Spark SQL literal for ``value``.
+
+    Args:
+        value: a bool, int, float, str, aware datetime, date or None.
+
+    Returns:
+        SQL text, e.g. ``42``, ``'it\\'s'``, ``TIMESTAMP '2026-01-01T00:00:00+00:00'``, ``NULL``.
+
+    Raises:
+        InvalidArgumentError: the value has another type, is not finite, or is a naive datetime.
+    """
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):  # before int: bool is an int subclass
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return f"{value}L" if not -(2**31) <= value < 2**31 else str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidArgumentError(f"{value} has no SQL literal; use a finite number.")
+        return f"{value!r}D"
+    if isinstance(value, str):
+        # Spark parses backslash escapes in string literals by default, so escape the backslash first.
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            raise InvalidArgumentError(f"datetime {value} has no time zone; pass an aware (UTC) datetime.")
+        return f"TIMESTAMP '{value.astimezone(dt.UTC).isoformat()}'"
+    if isinstance(value, dt.date):
+        return f"DATE '{value.isoformat()}'"
+    raise InvalidArgumentError(f"{value!r} ({type(value).__name__}) has no SQL literal here.")
+
+
+def where_sql(where: Mapping[str, WhereValue]) -> str:
+    """The SQL text of a ``where`` mapping, for Delta's ``replaceWhere`` option and for commit messages.
+
+    Args:
+        where: column name to value; ``None`` means "is null".
+
+    Returns:
+        e.g. ```topology_major` = 5L AND `topology_minor` = 0`` (an empty mapping gives ``TRUE``).
+    """
+    terms = [
+        f"{quote_identifier(k)} IS NULL" if v is None else f"{quote_identifier(k)} = {sql_literal(v)}"
+        for k, v in where.items()
+    ]
+    return " AND ".join(terms) if terms else "TRUE"
+
+
+def merge_condition(keys: Sequence[str], target: str = "t", source: str = "s") -> str:
+    """The ON clause of an upsert on ``keys`` (plain equality: null keys never match, as in Delta MERGE).
+
+    Args:
+        keys: key column names.
+        target: alias of the target table.
+        source: alias of the source DataFrame.
+
+    Returns:
+        e.g. ``t.`group_name` = s.`group_name` AND t.`partition_id` = s.`partition_id```.
+    """
+    return " AND ".join(f"{target}.{quote_identifier(k)} = {source}.{quote_identifier(k)}" for k in keys)
+
+
+def check_merge_keys(keys: Sequence[str], schema: StructType, table: str) -> list[str]:
+    """Validate merge keys against the table schema.
+
+    Args:
+        keys: key column names.
+        schema: the table schema.
+        table: the table name, for messages.
+
+    Returns:
+        The keys as a list.
+
+    Raises:
+        InvalidArgumentError: no keys, repeated keys, or keys the table does not have.
+    """
+    key_list = [keys] if isinstance(keys, str) else list(keys)
+    if not key_list:
+        raise InvalidArgumentError(f"merge into {table} needs at least one key column.")
+    if len(set(key_list)) != len(key_list):
+        raise InvalidArgumentError(f"merge into {table} lists a key column twice: {', '.join(key_list)}.")
+    unknown = [k for k in key_list if k not in schema.names]
+    if unknown:
+        raise InvalidArgumentError(f"merge into {table} uses keys the table does not have: {', '.join(unknown)}.")
+    return key_list
+
+
+def check_unique_keys(df: DataFrame, keys: Sequence[str], table: str) -> None:
+    """Fail when the merge source has two rows for one (non-null) key: the upsert would be ambiguous.
+
+    Rows with a null key never match a target row (as in Delta MERGE) and are inserted as they are, so they are
+    not checked.
+
+    Args:
+        df: the merge source.
+        keys: key column names.
+        table: the table name, for messages.
+
+    Raises:
+        DuplicateKeyError: some key occurs more than once.
+    """
+    not_null = F.lit(True)
+    for key in keys:
+        not_null = not_null & F.col(quote_identifier(key)).isNotNull()
+    duplicate = df.filter(not_null).groupBy(*keys).count().filter(F.col("count") > 1).limit(1).collect()
+    if duplicate:
+        row = duplicate[0]
+        shown = ", ".join(f"{k}={row[k]!r}" for k in keys)
+        raise DuplicateKeyError(
+            f"the rows merged into {table} hold {row['count']} rows for key ({shown}); deduplicate the source first."
+        )
+
+
+def backoff_seconds(attempt: int) -> float:
+    """Randomised exponential backoff before retry ``attempt`` (0-based): about 50 ms, 100 ms, ... capped at 2 s.
+
+    The jitter keeps two writers that collided from colliding again in lockstep.
+    """
+    return min(2.0, 0.05 * 2**attempt) * (0.5 + random.random())
+
+
+def retry_on_conflict(
+    action: Callable[[], T],
+    *,
+    table: str,
+    retries: int,
+    is_conflict: Callable[[BaseException], bool],
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Run ``action`` and re-run it when its commit lost a race with another writer.
+
+    ``action`` must re-plan from the table's latest version on every call (a conflict means its snapshot is stale).
+
+    Args:
+        action: one attempt: plan, write files, commit.
+        table: the table name, for messages.
+        retries: how many times a conflicting attempt is retried (``storage.commit_retries``).
+        is_conflict: tells a lost commit race from any other error (which propagates at once).
+        sleep: waits between attempts (replaceable in tests).
+
+    Returns:
+        What the successful attempt returned.
+
+    Raises:
+        ConcurrentWriteError: every one of the ``retries + 1`` attempts conflicted.
+    """
+    last: BaseException | None = None
+    for attempt in range(retries + 1):
+        try:
+            return action()
+        except Exception as exc:
+            if not is_conflict(exc):
+                raise
+            last = exc
+            log.warning(
+                "commit to %s conflicted with another writer (attempt %d of %d)", table, attempt + 1, retries + 1
+            )
+            if attempt < retries:
+                sleep(backoff_seconds(attempt))
+    raise ConcurrentWriteError(
+        f"writing {table} lost the commit race to other writers {retries + 1} times "
+        f"(storage.commit_retries = {retries}); run it again once the other writer has finished, or raise "
+        f"storage.commit_retries."
+    ) from last
+
+
+class Warehouse(abc.ABC):
+    """One Delta table per name of ``tables.SCHEMAS``, in a directory or a Unity Catalog schema.
+
+    This is the only interface through which rebalancer touches Delta. Writes are one Delta commit each (so a
+    reader of any table version sees a write completely or not at all), are fitted to the table schema first
+    (:func:`conform`), and are retried on commit conflicts up to ``storage.commit_retries`` times.
+
+    Attributes:
+        engine: ``"delta-rs"`` or ``"delta-spark"``.
+        spark: the session used for reading and for writing data files.
+        commit_retries: retries of a write whose commit lost a race with another writer.
+    """
+
+    engine: str
+
+    @property
+    @abc.abstractmethod
+    def location(self) -> str:
+        """Where the warehouse is, for messages: its absolute directory or URI, or its catalog prefix."""
+
+    def __init__(self, spark: SparkSession, *, commit_retries: int = 5) -> None:
+        self.spark = spark
+        self.commit_retries = commit_retries
+        self._views: set[str] = set()
+
+    # ---- tables ----
+    @abc.abstractmethod
+    def create_tables(self, names: Iterable[str] | None = None) -> list[str]:
+        """Create the missing tables, empty, with their declared schemas; idempotent.
+
+        Args:
+            names: tables to create; ``None`` creates every table of ``tables.SCHEMAS``.
+
+        Returns:
+            The names of the tables this call created (existing tables are left alone).
+
+        Raises:
+            UnknownTableError: a name is not a table of the contract.
+        """
+
+    @abc.abstractmethod
+    def exists(self, name: str) -> bool:
+        """Whether table ``name`` exists.
+
+        Args:
+            name: a table name.
+
+        Returns:
+            True when a Delta table is there.
+
+        Raises:
+            UnknownTableError: the name is not a valid identifier.
+        """
+
+    @abc.abstractmethod
+    def path_of(self, name: str) -> str:
+        """Where table ``name`` lives: its directory, or with a catalog prefix its full name ``catalog.schema.name``.
+
+        Args:
+            name: a table name.
+
+        Returns:
+            An absolute path, a URI, or a catalog table name.
+
+        Raises:
+            UnknownTableError: the name is not a valid identifier.
+        """
+
+    @abc.abstractmethod
+    def table_version(self, name: str) -> int:
+        """The latest Delta version of table ``name`` (0 right after creation).
+
+        Args:
+            name: a table name.
+
+        Returns:
+            The version number.
+
+        Raises:
+            TableNotFoundError: the table does not exist.
+        """
+
+    # ---- reads ----
+    @abc.abstractmethod
+    def read(self, name: str, version: int | None = None) -> DataFrame:
+        """Table ``name`` at ``version`` (time travel) or at its latest version.
+
+        Contract tables come back with exactly their declared columns and types (extra stored columns dropped,
+        losslessly narrower stored types widened); other tables as stored. An empty table gives an empty DataFrame
+        with the schema.
+
+        Args:
+            name: a table name.
+            version: a Delta version; ``None`` for the latest.
+
+        Returns:
+            A lazy DataFrame.
+
+        Raises:
+            TableNotFoundError: the table does not exist.
+            VersionNotFoundError: the version does not exist.
+            SchemaMismatchError: a contract table's stored schema cannot be read as declared.
+            UnsupportedTableError: the table uses a feature this engine cannot read correctly.
+        """
+
+    @abc.abstractmethod
+    def read_raw(self, name: str) -> DataFrame:
+        """Table ``name`` as stored: every column with its stored type (for input validation).
+
+        Args:
+            name: a table name.
+
+        Returns:
+            A lazy DataFrame of the latest version.
+
+        Raises:
+            TableNotFoundError: the table does not exist.
+            UnsupportedTableError: the table uses a feature this engine cannot read correctly.
+        """
+
+    # ---- writes ----
+    @abc.abstractmethod
+    def append(self, name: str, df: DataFrame) -> None:
+        """Add the rows of ``df`` to table ``name`` in one commit (nothing is committed for an empty ``df``).
+
+        Args:
+            name: a table name.
+            df: rows; cast losslessly to the table schema, extra columns dropped.
+
+        Raises:
+            TableNotFoundError: the table does not exist.
+            SchemaMismatchError: ``df`` lacks a column or has a type that would be narrowed.
+            ConcurrentWriteError: the commit kept conflicting with other writers.
+        """
+
+    @abc.abstractmethod
+    def replace_where(self, name: str, df: DataFrame, where: Mapping[str, WhereValue]) -> None:
+        """Replace the rows whose columns equal ``where`` with the rows of ``df``, in one atomic commit.
+
+        Running it again with the same arguments leaves the same rows (no duplicates). Every row of ``df`` must
+        itself satisfy ``where``. An empty ``where`` matches every row: the table's contents are replaced.
+
+        Args:
+            name: a table name.
+            df: the new rows.
+            where: column name to value (``None`` matches nulls), e.g. ``{"topology_major": 5, "topology_minor": 0}``.
+
+        Raises:
+            TableNotFoundError: the table does not exist.
+            InvalidArgumentError: ``where`` names unknown columns or holds unsupported values.
+            SchemaMismatchError: ``df`` does not fit the table.
+            WhereMismatchError: a row of ``df`` does not satisfy ``where``.
+            ConcurrentWriteError: the commit kept conflicting with other writers.
+        """
+
+    @abc.abstractmethod
+    def merge(self, name: str, df: DataFrame, keys: Sequence[str], *, insert_only: bool = False) -> None:
+        """Upsert ``df`` into table ``name`` on ``keys``, in one atomic commit.
+
+        A target row whose key occurs in ``df`` is replaced by that row (kept as it is with ``insert_only``); other
+        rows of ``df`` are inserted. Null keys never match (as in Delta MERGE). Two concurrent merges into one table
+        conflict and the loser re-runs against the winner's result, so an ``insert_only`` merge repeated
+        concurrently still inserts a key once.
+
+        Args:
+            name: a table name.
+            df: the new rows, at most one per key.
+            keys: key column names.
+            insert_only: insert the rows whose key is absent and leave existing keys untouched.
+
+        Raises:
+            TableNotFoundError: the table does not exist.
+            InvalidArgumentError: ``keys`` is empty or names unknown columns.
+            SchemaMismatchError: ``df`` does not fit the table.
+            DuplicateKeyError: ``df`` holds two rows for one key.
+            ConcurrentWriteError: the commit kept conflicting with other writers.
+        """
+
+    # ---- SQL ----
+    def register_views(self, names: Iterable[str] | None = None) -> None:
+        """Make tables queryable as ``spark.sql("SELECT ... FROM <name>")`` (session temporary views).
+
+        Args:
+            names: tables to expose; ``None`` exposes every existing table of the contract (missing ones are
+                skipped).
+
+        Raises:
+            TableNotFoundError: a table named explicitly does not exist.
+            UnknownTableError: a name is not a valid identifier.
+        """
+        if names is None:
+            chosen = [n for n in tables.SCHEMAS if self.exists(n)]
+        else:
+            chosen = [check_table_name(n) for n in names]
+        for name in chosen:
+            self._register_view(name)
+            self._views.add(name)
+
+    @abc.abstractmethod
+    def _register_view(self, name: str) -> None:
+        """Create or replace the temporary view ``name`` over the table."""
+
+    def _refresh_view(self, name: str) -> None:
+        """After this warehouse wrote ``name``: re-point its view, if registered, at the new version."""
+        if name in self._views:
+            self._register_view(name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(engine={self.engine!r})"

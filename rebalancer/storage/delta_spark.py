@@ -1,0 +1,363 @@
+"""The delta-spark engine: Delta tables through the Delta jars in the Spark JVM (Databricks, clusters, spark-submit).
+
+Used when ``io.delta.tables.DeltaTable`` is loadable (see :mod:`rebalancer.storage.engine`). Tables live under a
+warehouse directory or URI (``delta.`<dir>/<name>```), or, with ``storage.catalog_prefix = "catalog.schema"``, are
+catalog tables ``catalog.schema.<name>`` (Unity Catalog).
+
+Every write is one Delta commit made by Delta itself: ``append``; ``replace_where`` as an overwrite with the
+``replaceWhere`` option (atomic, and Delta checks that every new row satisfies the predicate); ``merge`` as
+``DeltaTable.merge`` (when matched update all, when not matched insert all). Delta raises its
+``ConcurrentModificationException`` family when a commit loses a race; the write is then re-run from the start, up
+to ``storage.commit_retries`` times. Tables are created with ``DeltaTable.createIfNotExists`` at protocol 1/2 and
+without deletion vectors, so the same directory stays readable by the delta-rs engine.
+
+The Delta jars cannot be loaded in the development environment of this project (no Maven access), so this module is
+exercised there only through its pure helpers; see docs/STORAGE.md for what is untested.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import posixpath
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from rebalancer import tables
+from rebalancer.storage.base import (
+    TABLE_PROPERTIES,
+    Warehouse,
+    WhereValue,
+    check_contract_name,
+    check_merge_keys,
+    check_table_name,
+    check_unique_keys,
+    conform,
+    merge_condition,
+    project_declared,
+    quote_identifier,
+    retry_on_conflict,
+    where_predicate,
+    where_sql,
+)
+from rebalancer.storage.errors import (
+    DuplicateKeyError,
+    TableNotFoundError,
+    VersionNotFoundError,
+    WhereMismatchError,
+)
+
+__all__ = ["DeltaSparkWarehouse", "is_delta_conflict", "table_reference", "view_sql", "warehouse_uri"]
+
+# Delta's commit-conflict exceptions, by class name (classic and Connect) and by error condition (Delta 3+).
+_CONFLICT_MARKERS = (
+    "ConcurrentModificationException",
+    "ConcurrentAppendException",
+    "ConcurrentDeleteReadException",
+    "ConcurrentDeleteDeleteException",
+    "ConcurrentTransactionException",
+    "ConcurrentWriteException",
+    "MetadataChangedException",
+    "ProtocolChangedException",
+    "DELTA_CONCURRENT_APPEND",
+    "DELTA_CONCURRENT_DELETE_READ",
+    "DELTA_CONCURRENT_DELETE_DELETE",
+    "DELTA_CONCURRENT_TRANSACTION",
+    "DELTA_CONCURRENT_WRITE",
+    "DELTA_METADATA_CHANGED",
+    "DELTA_PROTOCOL_CHANGED",
+)
+
+
+def is_delta_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is Delta's "a concurrent commit won" error (worth re-running the write).
+
+    Args:
+        exc: any exception raised by a Delta read-modify-write.
+
+    Returns:
+        True for the ``DeltaConcurrentModificationException`` family, recognised by Python class (delta-spark
+        converts them on classic sessions) or by name / error condition in the message (Connect, wrapped errors).
+    """
+    try:
+        from delta.exceptions.base import (
+            ConcurrentAppendException,
+            ConcurrentDeleteDeleteException,
+            ConcurrentDeleteReadException,
+            ConcurrentTransactionException,
+            ConcurrentWriteException,
+            DeltaConcurrentModificationException,
+            MetadataChangedException,
+            ProtocolChangedException,
+        )
+
+        if isinstance(
+            exc,
+            (
+                DeltaConcurrentModificationException,
+                ConcurrentWriteException,
+                MetadataChangedException,
+                ProtocolChangedException,
+                ConcurrentAppendException,
+                ConcurrentDeleteReadException,
+                ConcurrentDeleteDeleteException,
+                ConcurrentTransactionException,
+            ),
+        ):
+            return True
+    except ImportError:  # delta-spark's Python package is optional for the delta-rs engine
+        pass
+    text = f"{type(exc).__name__}: {exc}"
+    return any(marker in text for marker in _CONFLICT_MARKERS)
+
+
+def warehouse_uri(warehouse: str | Path) -> str:
+    """The warehouse location as Spark should see it: URIs unchanged, local paths made absolute.
+
+    Args:
+        warehouse: ``s3://bucket/wh``, ``dbfs:/wh``, ``file:///tmp/wh`` or a local directory.
+
+    Returns:
+        The location without a trailing slash.
+    """
+    text = str(warehouse)
+    scheme = urlparse(text).scheme
+    if scheme and len(scheme) > 1:  # a real scheme, not a Windows drive letter
+        return text.rstrip("/") or text
+    return str(Path(text).expanduser().resolve())
+
+
+def table_reference(name: str, location: str | None, catalog_prefix: str = "") -> str:
+    """The SQL reference of a table: ``delta.`<location>``` or ```catalog`.`schema`.`name```.
+
+    Args:
+        name: the table name.
+        location: the table's directory (ignored with a catalog prefix).
+        catalog_prefix: ``"catalog.schema"`` or ``""``.
+
+    Returns:
+        Text usable after ``FROM`` in Spark SQL.
+    """
+    if catalog_prefix:
+        return ".".join(quote_identifier(part) for part in [*catalog_prefix.split("."), name])
+    assert location is not None, "a path-based table needs its location"
+    return f"delta.{quote_identifier(location)}"
+
+
+def view_sql(name: str, reference: str, declared: StructType | None) -> str:
+    """``CREATE OR REPLACE TEMP VIEW`` over a table, exposing a contract table's declared columns and types.
+
+    The view is SQL text, re-resolved by every query, so it always shows the table's latest version.
+
+    Args:
+        name: the view name (the table name).
+        reference: from :func:`table_reference`.
+        declared: the contract schema, or ``None`` to expose every stored column.
+
+    Returns:
+        One SQL statement.
+    """
+    if declared is None:
+        columns = "*"
+    else:
+        columns = ", ".join(
+            f"CAST({quote_identifier(f.name)} AS {f.dataType.simpleString()}) AS {quote_identifier(f.name)}"
+            for f in declared.fields
+        )
+    return f"CREATE OR REPLACE TEMP VIEW {quote_identifier(name)} AS SELECT {columns} FROM {reference}"
+
+
+class DeltaSparkWarehouse(Warehouse):
+    """Warehouse written by Delta Lake inside Spark; see the module docstring.
+
+    Args:
+        spark: a session with the Delta jars and the Delta SQL extension.
+        warehouse: the warehouse directory or URI (unused with a catalog prefix).
+        catalog_prefix: ``"catalog.schema"`` for catalog tables, or ``""`` for path-based tables.
+        commit_retries: retries of a write whose commit lost a race with another writer.
+    """
+
+    engine = "delta-spark"
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        warehouse: str | Path | None,
+        *,
+        catalog_prefix: str = "",
+        commit_retries: int = 5,
+    ) -> None:
+        super().__init__(spark, commit_retries=commit_retries)
+        self.catalog_prefix = catalog_prefix
+        self.root: str | None = None if catalog_prefix else warehouse_uri(warehouse or "warehouse")
+        # Importing delta.exceptions installs delta-spark's conversion of its Java conflict errors into Python
+        # classes; it is a convenience only (is_delta_conflict also reads the message), so failures are ignored.
+        with contextlib.suppress(Exception):
+            import delta.exceptions  # noqa: F401
+
+    @property
+    def location(self) -> str:
+        return self.catalog_prefix or str(self.root)
+
+    # ---- tables ----
+    def path_of(self, name: str) -> str:
+        check_table_name(name)
+        if self.catalog_prefix:
+            return f"{self.catalog_prefix}.{name}"
+        assert self.root is not None
+        scheme = urlparse(self.root).scheme
+        if scheme and len(scheme) > 1:  # s3://, abfss://, dbfs:/ ...: join as a URI, not as an OS path
+            return posixpath.join(self.root, name)
+        return str(Path(self.root) / name)
+
+    def _reference(self, name: str) -> str:
+        return table_reference(name, None if self.catalog_prefix else self.path_of(name), self.catalog_prefix)
+
+    def _delta_table(self, name: str) -> Any:
+        from delta.tables import DeltaTable
+
+        if self.catalog_prefix:
+            return DeltaTable.forName(self.spark, self.path_of(name))
+        return DeltaTable.forPath(self.spark, self.path_of(name))
+
+    def exists(self, name: str) -> bool:
+        from delta.tables import DeltaTable
+
+        if self.catalog_prefix:
+            return bool(self.spark.catalog.tableExists(self.path_of(name)))
+        return bool(DeltaTable.isDeltaTable(self.spark, self.path_of(name)))
+
+    def create_tables(self, names: Iterable[str] | None = None) -> list[str]:
+        from delta.tables import DeltaTable
+
+        chosen = list(tables.SCHEMAS) if names is None else [check_contract_name(n) for n in names]
+        created: list[str] = []
+        for name in chosen:
+            if self.exists(name):
+                continue
+            builder = DeltaTable.createIfNotExists(self.spark)
+            if self.catalog_prefix:
+                builder = builder.tableName(self.path_of(name))
+            else:
+                builder = builder.location(self.path_of(name))
+            builder = builder.addColumns(tables.SCHEMAS[name])
+            for key, value in TABLE_PROPERTIES.items():
+                builder = builder.property(key, value)
+            builder.execute()
+            created.append(name)
+        return created
+
+    def table_version(self, name: str) -> int:
+        self._require(name)
+        return int(self._delta_table(name).history(1).select("version").first()[0])
+
+    # ---- reads ----
+    def _load(self, name: str, version: int | None) -> DataFrame:
+        self._require(name)
+        reader = self.spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", int(version))
+        try:
+            if self.catalog_prefix:
+                return reader.table(self.path_of(name))
+            return reader.load(self.path_of(name))
+        except Exception as exc:
+            text = str(exc)
+            if version is not None and ("VersionNotFound" in text or "DELTA_VERSION_NOT_FOUND" in text):
+                raise VersionNotFoundError(
+                    f"table {name} has no version {version}; its latest version is {self.table_version(name)}."
+                ) from exc
+            raise
+
+    def read(self, name: str, version: int | None = None) -> DataFrame:
+        raw = self._load(name, version)
+        return project_declared(raw, tables.SCHEMAS[name], name) if name in tables.SCHEMAS else raw
+
+    def read_raw(self, name: str) -> DataFrame:
+        return self._load(name, None)
+
+    # ---- writes ----
+    def _stored(self, name: str) -> tuple[StructType, set[str]]:
+        stored = self._load(name, None).schema
+        declared = tables.SCHEMAS.get(name)
+        optional = set(stored.names) - set(declared.names) if declared is not None else set()
+        return stored, optional
+
+    def _save(self, rows: DataFrame, name: str, mode: str, options: Mapping[str, str] | None = None) -> None:
+        writer = rows.write.format("delta").mode(mode)
+        for key, value in (options or {}).items():
+            writer = writer.option(key, value)
+        if self.catalog_prefix:
+            writer.saveAsTable(self.path_of(name))
+        else:
+            writer.save(self.path_of(name))
+
+    def append(self, name: str, df: DataFrame) -> None:
+        stored, optional = self._stored(name)
+        rows = conform(df, stored, name, optional=optional)
+        retry_on_conflict(
+            lambda: self._save(rows, name, "append"),
+            table=name,
+            retries=self.commit_retries,
+            is_conflict=is_delta_conflict,
+        )
+
+    def replace_where(self, name: str, df: DataFrame, where: Mapping[str, WhereValue]) -> None:
+        stored, optional = self._stored(name)
+        where_predicate(where, stored, name)  # validates the mapping against the table
+        rows = conform(df, stored, name, optional=optional)
+        predicate = where_sql(where)
+        # An empty where replaces everything: a plain overwrite (the table's schema is kept: no overwriteSchema).
+        options = {"replaceWhere": predicate} if where else {}
+
+        def attempt() -> None:
+            try:
+                self._save(rows, name, "overwrite", options)
+            except Exception as exc:
+                if "DELTA_REPLACE_WHERE_MISMATCH" in str(exc) or "does not conform to partial table overwrite" in str(
+                    exc
+                ):
+                    raise WhereMismatchError(
+                        f"replace_where on {name} was given rows outside {predicate}; filter the DataFrame to those "
+                        f"rows or widen the where."
+                    ) from None
+                raise
+
+        retry_on_conflict(attempt, table=name, retries=self.commit_retries, is_conflict=is_delta_conflict)
+
+    def merge(self, name: str, df: DataFrame, keys: Sequence[str], *, insert_only: bool = False) -> None:
+        stored, optional = self._stored(name)
+        key_list = check_merge_keys(keys, stored, name)
+        rows = conform(df, stored, name, optional=optional)
+        check_unique_keys(rows, key_list, name)
+
+        def attempt() -> None:
+            try:
+                builder = self._delta_table(name).alias("t").merge(rows.alias("s"), merge_condition(key_list, "t", "s"))
+                if not insert_only:
+                    builder = builder.whenMatchedUpdateAll()
+                builder.whenNotMatchedInsertAll().execute()
+            except Exception as exc:
+                if "MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW" in str(exc):
+                    raise DuplicateKeyError(
+                        f"the rows merged into {name} hold more than one row for one key; deduplicate the source."
+                    ) from None
+                raise
+
+        retry_on_conflict(attempt, table=name, retries=self.commit_retries, is_conflict=is_delta_conflict)
+
+    # ---- views ----
+    def _register_view(self, name: str) -> None:
+        self._require(name)
+        self.spark.sql(view_sql(name, self._reference(name), tables.SCHEMAS.get(name)))
+
+    def _require(self, name: str) -> None:
+        if not self.exists(name):
+            raise TableNotFoundError(
+                f"table {name} does not exist at {self.path_of(name)}; create it first (rebalancer init, or "
+                f"Warehouse.create_tables)."
+            )

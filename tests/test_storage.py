@@ -1,0 +1,748 @@
+"""Storage: real Delta tables on disk, written and read through the delta-rs engine with the suite's Spark session.
+
+The delta-spark engine cannot run here (no Delta jars), so it is covered by engine detection, its clear failure,
+and its pure helpers (SQL text is checked by running it through Spark).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import glob
+import json
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+from chispa import assert_df_equality
+from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    ByteType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    NullType,
+    ShortType,
+    StringType,
+    StructType,
+    TimestampType,
+)
+
+from rebalancer import tables
+from rebalancer.config import StorageSettings
+from rebalancer.storage import (
+    ConcurrentWriteError,
+    DuplicateKeyError,
+    EngineUnavailableError,
+    InvalidArgumentError,
+    SchemaMismatchError,
+    TableNotFoundError,
+    UnknownTableError,
+    VersionNotFoundError,
+    Warehouse,
+    WhereMismatchError,
+    WhereValue,
+    open_warehouse,
+    resolve_engine,
+)
+from rebalancer.storage.base import can_store, merge_condition, retry_on_conflict, sql_literal, where_sql
+from rebalancer.storage.delta_rs import DeltaRsWarehouse, file_may_match
+from rebalancer.storage.delta_spark import (
+    DeltaSparkWarehouse,
+    is_delta_conflict,
+    table_reference,
+    view_sql,
+    warehouse_uri,
+)
+from rebalancer.storage.engine import delta_classes_available, probe_delta_format
+
+UTC = dt.UTC
+TOPOLOGY_KEYS = ["topology_major", "topology_minor", "node_id"]
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _open(spark: SparkSession, root: Path, retries: int = 5) -> DeltaRsWarehouse:
+    wh = open_warehouse(spark, StorageSettings(engine="auto", commit_retries=retries), root)
+    assert isinstance(wh, DeltaRsWarehouse)
+    return wh
+
+
+@pytest.fixture()
+def wh(spark: SparkSession, warehouse_dir: Path) -> DeltaRsWarehouse:
+    warehouse = _open(spark, warehouse_dir)
+    warehouse.create_tables()
+    return warehouse
+
+
+def _topology(spark: SparkSession, major: int, nodes: list[str], minor: int = 0, client: bool = False) -> DataFrame:
+    rows = [(major, minor, n, i, client) for i, n in enumerate(nodes)]
+    return spark.createDataFrame(rows, tables.TOPOLOGY)
+
+
+def _sample(dtype: DataType, i: int) -> Any:
+    """A value of ``dtype`` for row ``i``; row 2 is all nulls. Values probe edges (negatives, > 2^31, unicode)."""
+    if i == 2:
+        return None
+    if isinstance(dtype, StringType):
+        return f"s{i}-é'\\"
+    if isinstance(dtype, IntegerType):
+        return -7 if i == 0 else 2**31 - 1
+    if isinstance(dtype, LongType):
+        return -(2**40) if i == 0 else 2**62 + i
+    if isinstance(dtype, DoubleType):
+        return 0.25 if i == 0 else -1e300
+    if isinstance(dtype, BooleanType):
+        return i == 0
+    if isinstance(dtype, TimestampType):
+        return dt.datetime(2026, 1, 1, 12, 30, 15, 123456, tzinfo=UTC) + dt.timedelta(days=i)
+    if isinstance(dtype, ArrayType):
+        return [_sample(dtype.elementType, 0), None, _sample(dtype.elementType, 1)] if i == 0 else []
+    if isinstance(dtype, MapType):
+        return {"zone": "z1", "rack": None} if i == 0 else {}
+    raise AssertionError(f"no sample for {dtype}")
+
+
+def _rows_for(schema: StructType) -> list[tuple[Any, ...]]:
+    return [tuple(_sample(f.dataType, i) for f in schema.fields) for i in range(3)]
+
+
+def _first(df: DataFrame) -> Row:
+    row = df.first()
+    assert row is not None, "expected at least one row"
+    return row
+
+
+def _rb_dirs(path: str) -> set[str]:
+    return {d for d in os.listdir(path) if d.startswith("rb-")}
+
+
+def _log_actions(path: str) -> list[dict[str, Any]]:
+    actions: list[dict[str, Any]] = []
+    for log_file in sorted(glob.glob(os.path.join(path, "_delta_log", "*.json"))):
+        with open(log_file) as handle:
+            actions.extend(json.loads(line) for line in handle if line.strip())
+    return actions
+
+
+def _referenced_dirs(path: str) -> set[str]:
+    """Every staging directory any commit ever added a file from."""
+    return {a["add"]["path"].split("/")[0] for a in _log_actions(path) if "add" in a}
+
+
+# ---------------------------------------------------------------- engine choice
+
+
+def test_auto_engine_is_delta_rs_when_delta_jars_are_absent(spark: SparkSession, warehouse_dir: Path) -> None:
+    assert not delta_classes_available(spark)
+    assert resolve_engine(spark, StorageSettings()) == "delta-rs"
+    wh = open_warehouse(spark, StorageSettings(), warehouse_dir)
+    assert wh.engine == "delta-rs"
+    assert wh.location == str(warehouse_dir.resolve())
+
+
+def test_connect_style_probe_reports_the_missing_delta_source(spark: SparkSession) -> None:
+    assert probe_delta_format(spark) is False
+
+
+def test_explicit_delta_spark_without_jars_says_how_to_add_them(spark: SparkSession) -> None:
+    with pytest.raises(EngineUnavailableError) as info:
+        open_warehouse(spark, StorageSettings(engine="delta-spark"))
+    message = str(info.value)
+    assert "spark-submit --packages io.delta:delta-spark_2.13:4." in message
+    assert "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension" in message
+    assert "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog" in message
+
+
+@pytest.mark.parametrize("engine", ["auto", "delta-rs"])
+def test_catalog_prefix_requires_delta_spark(spark: SparkSession, engine: str) -> None:
+    with pytest.raises(EngineUnavailableError, match="catalog_prefix = 'main.rebalancer'"):
+        open_warehouse(spark, StorageSettings(engine=engine, catalog_prefix="main.rebalancer"))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- creation, schemas, protocol
+
+
+def test_create_tables_gives_every_declared_schema_to_spark_and_deltalake(
+    spark: SparkSession, warehouse_dir: Path
+) -> None:
+    wh = _open(spark, warehouse_dir)
+    assert wh.create_tables(["nodes"]) == ["nodes"]
+    created = wh.create_tables()
+    assert sorted(created) == sorted(set(tables.SCHEMAS) - {"nodes"})
+    assert wh.create_tables() == []  # idempotent
+    for name, schema in tables.SCHEMAS.items():
+        assert wh.exists(name)
+        stored = StructType.fromJson(json.loads(DeltaTable(wh.path_of(name)).schema().to_json()))
+        assert stored == schema, name
+        assert wh.read(name).schema == schema, name
+        assert DeltaTable(wh.path_of(name)).file_uris() == []
+        assert wh.table_version(name) == 0
+    assert wh.read("client_affinity").count() == 0
+
+
+ROUND_TRIP_TABLES = ("nodes", "cache_groups", "topology_events", "exchanges")
+
+
+def test_round_trip_tables_cover_every_column_type_of_the_contract() -> None:
+    used = {f.dataType.simpleString() for schema in tables.SCHEMAS.values() for f in schema.fields}
+    covered = {f.dataType.simpleString() for name in ROUND_TRIP_TABLES for f in tables.SCHEMAS[name].fields}
+    assert used <= covered
+
+
+@pytest.mark.parametrize("name", ROUND_TRIP_TABLES)
+def test_round_trip_of_every_column_type(spark: SparkSession, wh: DeltaRsWarehouse, name: str) -> None:
+    schema = tables.SCHEMAS[name]
+    expected = spark.createDataFrame(_rows_for(schema), schema)  # edge values, empty containers, an all-null row
+    wh.append(name, expected)
+    actual = wh.read(name)
+    assert actual.schema == schema
+    # chispa cannot sort rows holding maps, so compare the collected rows order-free.
+    assert sorted(map(repr, actual.collect())) == sorted(map(repr, expected.collect()))
+    # Another reader (pyarrow over the committed files, as FIELD-NOTES recommends) sees the same rows.
+    assert pads.dataset(DeltaTable(wh.path_of(name)).file_uris(), format="parquet").count_rows() == 3
+
+
+def test_timestamps_are_stored_as_utc_instants(spark: SparkSession, wh: DeltaRsWarehouse) -> None:
+    instant = dt.datetime(2026, 3, 29, 1, 30, 0, 7, tzinfo=UTC)
+    events = spark.createDataFrame([(1, "NODE_JOINED", "n1", None, instant)], tables.TOPOLOGY_EVENTS)
+    wh.append("topology_events", events)
+    files = DeltaTable(wh.path_of("topology_events")).file_uris()
+    column = pads.dataset(files, format="parquet").to_table(columns=["event_time"]).column("event_time")
+    assert column.type == pa.timestamp("us", tz="UTC")
+    assert column.to_pylist() == [instant]
+    assert _first(wh.read("topology_events"))["event_time"].replace(tzinfo=UTC) == instant
+
+
+def test_timestamps_are_int64_micros_even_when_the_session_writes_int96(
+    spark: SparkSession, wh: DeltaRsWarehouse
+) -> None:
+    key = "spark.sql.parquet.outputTimestampType"
+    previous = spark.conf.get(key) or "TIMESTAMP_MICROS"
+    spark.conf.set(key, "INT96")  # Spark's default, as in a session rebalancer did not build
+    try:
+        wh.append(
+            "topology_events", spark.createDataFrame([(1, "NODE_JOINED", "n1", None, None)], tables.TOPOLOGY_EVENTS)
+        )
+    finally:
+        spark.conf.set(key, previous)
+    (path,) = DeltaTable(wh.path_of("topology_events")).file_uris()
+    assert pq.read_metadata(path).schema.column(4).physical_type == "INT64"
+
+
+def test_protocol_stays_reader_1_writer_2_without_deletion_vectors(spark: SparkSession, wh: DeltaRsWarehouse) -> None:
+    wh.append("topology", _topology(spark, 1, ["a", "b"]))
+    wh.replace_where("topology", _topology(spark, 1, ["a"]), {"topology_major": 1})
+    wh.merge("topology", _topology(spark, 1, ["a", "c"], client=True), TOPOLOGY_KEYS)
+    for name in tables.SCHEMAS:
+        path = wh.path_of(name)
+        protocol = DeltaTable(path).protocol()
+        assert (protocol.min_reader_version, protocol.min_writer_version) == (1, 2), name
+        assert not protocol.reader_features and not protocol.writer_features
+        actions = _log_actions(path)
+        assert [a["protocol"] for a in actions if "protocol" in a] == [{"minReaderVersion": 1, "minWriterVersion": 2}]
+        assert not any(a["add"].get("deletionVector") for a in actions if "add" in a)
+        (metadata,) = [a["metaData"] for a in actions if "metaData" in a]  # no write changed the metadata
+        assert metadata["configuration"] == {"delta.enableDeletionVectors": "false"}
+
+
+# ---------------------------------------------------------------- reads
+
+
+def test_empty_table_reads_as_empty_dataframe_with_schema(wh: DeltaRsWarehouse) -> None:
+    df = wh.read("partition_map", version=0)
+    assert df.schema == tables.PARTITION_MAP
+    assert df.collect() == []
+    assert wh.read_raw("partition_map").schema == tables.PARTITION_MAP
+
+
+def test_time_travel_reads_an_old_version_after_later_writes(spark: SparkSession, wh: DeltaRsWarehouse) -> None:
+    wh.append("topology", _topology(spark, 1, ["a", "b"]))
+    version = wh.table_version("topology")
+    wh.replace_where("topology", _topology(spark, 1, ["c"]), {"topology_major": 1})
+    wh.append("topology", _topology(spark, 2, ["d"]))
+    assert wh.table_version("topology") == version + 2
+    assert sorted(r.node_id for r in wh.read("topology", version=version).collect()) == ["a", "b"]
+    assert sorted(r.node_id for r in wh.read("topology").collect()) == ["c", "d"]
+    assert wh.read("topology", version=0).count() == 0
+    with pytest.raises(VersionNotFoundError, match="no version 99; its latest version is 3"):
+        wh.read("topology", version=99)
+
+
+def test_read_raw_keeps_what_other_writers_stored_and_read_fits_it_to_the_contract(
+    spark: SparkSession, warehouse_dir: Path
+) -> None:
+    wh = _open(spark, warehouse_dir)
+    # Written by someone else with delta-rs: an extra column, and partitions as smallint (narrower than int).
+    foreign = pa.table(
+        {
+            "group_name": ["g1"],
+            "partitions": pa.array([1024], pa.int16()),
+            "backups": pa.array([1], pa.int32()),
+            "backup_filter": pa.array([["zone"]], pa.list_(pa.string())),
+            "owner_team": ["storage"],
+        }
+    )
+    write_deltalake(wh.path_of("cache_groups"), foreign)
+    raw = wh.read_raw("cache_groups")
+    assert raw.schema["owner_team"].dataType == StringType()
+    assert raw.schema["partitions"].dataType == ShortType()
+    with pytest.raises(SchemaMismatchError, match="column mode is missing.*read_raw"):
+        wh.read("cache_groups")  # declared columns the writer left out are a contract violation
+    # Our writes keep the stored types: an int into the stored smallint would narrow, so it is refused.
+    ours = spark.createDataFrame([("g2", 8, 0, None, None, None, [], None, None, None)], tables.CACHE_GROUPS)
+    with pytest.raises(SchemaMismatchError, match="column partitions is int but the table stores smallint"):
+        wh.append("cache_groups", ours)
+
+    # A table with every declared column (node_order narrower) plus an extra one reads as declared.
+    nodes = pa.table(
+        {
+            "node_id": ["n1"],
+            "node_uuid": pa.array([None], pa.string()),
+            "node_order": pa.array([3], pa.int32()),
+            "host": ["h1"],
+            "attributes": pa.array([[("zone", "z1")]], pa.map_(pa.string(), pa.string())),
+            "capacity": [2.0],
+            "is_client": [False],
+            "owner_team": ["storage"],
+        }
+    )
+    write_deltalake(wh.path_of("nodes"), nodes)
+    declared = wh.read("nodes")
+    assert declared.schema == tables.NODES
+    assert _first(declared).asDict() == {
+        "node_id": "n1",
+        "node_uuid": None,
+        "node_order": 3,
+        "host": "h1",
+        "attributes": {"zone": "z1"},
+        "capacity": 2.0,
+        "is_client": False,
+    }
+    # The extra column is filled with nulls by our writes.
+    wh.append("nodes", wh.read_raw("nodes").drop("owner_team").withColumn("node_id", F.lit("n2")))
+    assert sorted((r.node_id, r.owner_team) for r in wh.read_raw("nodes").collect()) == [
+        ("n1", "storage"),
+        ("n2", None),
+    ]
+
+
+def test_missing_and_unknown_tables_fail_clearly(spark: SparkSession, warehouse_dir: Path) -> None:
+    wh = _open(spark, warehouse_dir)
+    with pytest.raises(TableNotFoundError, match="table topology does not exist.*create_tables"):
+        wh.read("topology")
+    with pytest.raises(UnknownTableError, match="'topologies' is not a rebalancer table"):
+        wh.create_tables(["topologies"])
+    with pytest.raises(UnknownTableError, match="not a valid table name"):
+        wh.path_of("../etc")
+    assert not wh.exists("topology")
+
+
+# ---------------------------------------------------------------- writes
+
+
+def test_append_of_nothing_commits_nothing(spark: SparkSession, wh: DeltaRsWarehouse) -> None:
+    wh.append("topology", _topology(spark, 1, []))
+    assert wh.table_version("topology") == 0
+    assert _rb_dirs(wh.path_of("topology")) == set()
+
+
+def test_writes_record_row_counts_and_integer_bounds(spark: SparkSession, wh: DeltaRsWarehouse) -> None:
+    wh.append("topology", _topology(spark, 7, ["a", "b", "c"], minor=2).coalesce(1))
+    (add,) = [a["add"] for a in _log_actions(wh.path_of("topology")) if "add" in a]
+    stats = json.loads(add["stats"])
+    assert stats["numRecords"] == 3
+    assert stats["minValues"] == {"topology_major": 7, "topology_minor": 2, "node_order": 0}
+    assert stats["maxValues"] == {"topology_major": 7, "topology_minor": 2, "node_order": 2}
+    assert stats["nullCount"]["node_id"] == 0
+    assert add["size"] == os.path.getsize(os.path.join(wh.path_of("topology"), add["path"]))
+
+
+def test_replace_where_twice_leaves_no_duplicates_in_one_commit_each(spark: SparkSession, wh: DeltaRsWarehouse) -> None:
+    wh.append("topology", _topology(spark, 1, ["a", "b"]).union(_topology(spark, 2, ["a", "b", "c"])).coalesce(1))
+    before = wh.table_version("topology")
+    for _ in range(2):
+        wh.replace_where("topology", _topology(spark, 2, ["x", "y"]), {"topology_major": 2, "topology_minor": 0})
+    assert wh.table_version("topology") == before + 2  # one atomic commit per call
+    expected = _topology(spark, 1, ["a", "b"]).union(_topology(spark, 2, ["x", "y"]))
+    assert_df_equality(wh.read("topology"), expected, ignore_row_order=True, ignore_nullable=True)
+    # The first call re-wrote the mixed file (removing it and adding version 1's rows back) in the same commit.
+    last = [a for a in _log_actions(wh.path_of("topology")) if "add" in a or "remove" in a][-3:]
+    assert sum("remove" in a for a in last) == 1
+
+
+def test_replace_where_skips_files_whose_statistics_exclude_the_version(
+    spark: SparkSession, wh: DeltaRsWarehouse
+) -> None:
+    wh.append("topology", _topology(spark, 1, ["a"]))
+    wh.replace_where("topology", _topology(spark, 2, ["b"]), {"topology_major": 2})
+    commit = json.loads(
+        Path(wh.path_of("topology"), "_delta_log", f"{wh.table_version('topology'):020d}.json")
+        .read_text()
+        .split("\n")[0]
+    )
+    assert commit["commitInfo"]["rebalancerOperation"] == "replace_where `topology_major` = 2"
+    assert not [a for a in _log_actions(wh.path_of("topology")) if "remove" in a]
+    assert file_may_match({"min.topology_major": 1, "max.topology_major": 1}, {"topology_major": 2}) is False
+    assert file_may_match({"min.topology_major": None}, {"topology_major": 2}) is True
+
+
+def test_replace_where_with_empty_where_replaces_everything(spark: SparkSession, wh: DeltaRsWarehouse) -> None:
+    wh.append("topology", _topology(spark, 1, ["a", "b"]))
+    wh.replace_where("topology", _topology(spark, 3, ["z"]), {})
+    assert [r.node_id for r in wh.read("topology").collect()] == ["z"]
+
+
+def test_replace_where_refuses_rows_outside_its_where(spark: SparkSession, wh: DeltaRsWarehouse) -> None:
+    wh.append("topology", _topology(spark, 1, ["a"]))
+    with pytest.raises(WhereMismatchError, match="rows outside `topology_major` = 2"):
+        wh.replace_where("topology", _topology(spark, 3, ["x"]), {"topology_major": 2})
+    with pytest.raises(InvalidArgumentError, match="does not have: version"):
+        wh.replace_where("topology", _topology(spark, 3, ["x"]), {"version": 3})
+    with pytest.raises(InvalidArgumentError, match="node_id is string but the value 3 is a int"):
+        wh.replace_where("topology", _topology(spark, 3, ["x"]), {"node_id": 3})
+    assert wh.table_version("topology") == 1
+    assert _rb_dirs(wh.path_of("topology")) == _referenced_dirs(wh.path_of("topology"))
+
+
+def test_merge_upserts_on_keys(spark: SparkSession, wh: DeltaRsWarehouse) -> None:
+    wh.append("topology", _topology(spark, 1, ["a", "b"]).union(_topology(spark, 2, ["a"])))
+    update = spark.createDataFrame([(1, 0, "b", 9, True), (1, 0, "c", 10, False)], tables.TOPOLOGY)
+    wh.merge("topology", update, TOPOLOGY_KEYS)
+    expected = spark.createDataFrame(
+        [(1, 0, "a", 0, False), (1, 0, "b", 9, True), (1, 0, "c", 10, False), (2, 0, "a", 0, False)], tables.TOPOLOGY
+    )
+    assert_df_equality(wh.read("topology"), expected, ignore_row_order=True, ignore_nullable=True)
+    # insert_only keeps existing keys untouched and adds the absent ones.
+    again = spark.createDataFrame([(1, 0, "b", 99, False), (3, 0, "d", 1, False)], tables.TOPOLOGY)
+    wh.merge("topology", again, TOPOLOGY_KEYS, insert_only=True)
+    rows = {(r.topology_major, r.node_id): r.node_order for r in wh.read("topology").collect()}
+    assert rows == {(1, "a"): 0, (1, "b"): 9, (1, "c"): 10, (2, "a"): 0, (3, "d"): 1}
+
+
+def test_merge_refuses_a_source_with_duplicate_keys(spark: SparkSession, wh: DeltaRsWarehouse) -> None:
+    twice = spark.createDataFrame([(1, 0, "a", 1, False), (1, 0, "a", 2, False)], tables.TOPOLOGY)
+    with pytest.raises(DuplicateKeyError, match="2 rows for key"):
+        wh.merge("topology", twice, TOPOLOGY_KEYS)
+    with pytest.raises(InvalidArgumentError, match="needs at least one key"):
+        wh.merge("topology", twice, [])
+    assert wh.table_version("topology") == 0
+    assert _rb_dirs(wh.path_of("topology")) == set()
+
+
+@pytest.mark.parametrize(
+    ("value", "arrived"),
+    [(7.9, "double"), ("7", "string"), (2**40, "bigint")],
+    ids=["double-would-truncate", "numeric-string", "bigint-would-overflow"],
+)
+def test_a_bad_type_into_an_int_column_fails_loudly(
+    spark: SparkSession, wh: DeltaRsWarehouse, value: Any, arrived: str
+) -> None:
+    df = spark.createDataFrame(_rows_for(tables.CACHE_GROUPS)[:1], tables.CACHE_GROUPS).withColumn(
+        "partitions", F.lit(value)
+    )
+    with pytest.raises(SchemaMismatchError, match=f"column partitions is {arrived} but the table stores int"):
+        wh.append("cache_groups", df)
+    assert wh.table_version("cache_groups") == 0
+    assert _rb_dirs(wh.path_of("cache_groups")) == set()
+
+
+def test_lossless_widening_and_extra_columns_are_accepted(spark: SparkSession, wh: DeltaRsWarehouse) -> None:
+    df = spark.createDataFrame(
+        [(1, 0, "a", 5, False)],
+        "topology_major int, topology_minor int, node_id string, node_order int, is_client boolean",
+    ).withColumn("scratch", F.lit("dropped"))
+    wh.append("topology", df.withColumn("is_client", F.lit(None)))  # untyped null into boolean
+    row = _first(wh.read_raw("topology"))
+    assert row.asDict() == {
+        "topology_major": 1,
+        "topology_minor": 0,
+        "node_id": "a",
+        "node_order": 5,
+        "is_client": None,
+    }
+    with pytest.raises(SchemaMismatchError, match="column node_id \\(string\\) is missing"):
+        wh.append("topology", df.drop("node_id"))
+
+
+# ---------------------------------------------------------------- views
+
+
+def test_views_follow_every_write_of_the_warehouse(spark: SparkSession, wh: DeltaRsWarehouse) -> None:
+    wh.register_views()
+    assert _first(spark.sql("SELECT count(*) AS n FROM partition_map"))["n"] == 0
+    wh.append("topology", _topology(spark, 1, ["a", "b"]))
+    assert _first(spark.sql("SELECT count(*) AS n FROM topology"))["n"] == 2
+    wh.replace_where("topology", _topology(spark, 1, ["c"]), {"topology_major": 1})
+    assert [r.node_id for r in spark.sql("SELECT node_id FROM topology").collect()] == ["c"]
+    wh.merge("topology", _topology(spark, 1, ["d"]), TOPOLOGY_KEYS)
+    assert _first(spark.sql("SELECT count(*) AS n FROM topology WHERE topology_major = 1"))["n"] == 2
+    with pytest.raises(TableNotFoundError):
+        _open(spark, Path(wh.location).parent / "empty").register_views(["topology"])
+
+
+# ---------------------------------------------------------------- concurrency
+
+
+def _race_on_first_commits(wh: DeltaRsWarehouse, rival: Warehouse, times: int, monkeypatch: Any) -> list[int]:
+    """Make a real rival writer commit a conflicting rewrite just before each of ``wh``'s first ``times`` commits."""
+    calls: list[int] = []
+    real_commit: Callable[..., None] = wh._commit
+
+    def racing_commit(*args: Any, **kwargs: Any) -> None:
+        calls.append(1)
+        if len(calls) <= times:
+            rows = _topology(rival.spark, 1, [f"rival{len(calls)}"])
+            rival.replace_where("topology", rows, {"topology_major": 1})
+        real_commit(*args, **kwargs)
+
+    monkeypatch.setattr(wh, "_commit", racing_commit)
+    return calls
+
+
+def test_a_lost_commit_race_is_replanned_and_retried(
+    spark: SparkSession, warehouse_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wh, rival = _open(spark, warehouse_dir), _open(spark, warehouse_dir)
+    wh.create_tables(["topology"])
+    wh.append("topology", _topology(spark, 1, ["a", "b"]))
+    calls = _race_on_first_commits(wh, rival, times=1, monkeypatch=monkeypatch)
+    wh.replace_where("topology", _topology(spark, 1, ["mine"]), {"topology_major": 1})
+    assert len(calls) == 2  # lost once to the rival, then re-planned against the rival's version and committed
+    assert [r.node_id for r in wh.read("topology").collect()] == ["mine"]
+    operations = [h.get("rebalancerOperation") for h in DeltaTable(wh.path_of("topology")).history()]
+    assert operations[:2] == ["replace_where `topology_major` = 1"] * 2  # the rival's commit, then ours
+
+
+def test_exhausted_retries_raise_concurrent_write_error_and_leave_no_files(
+    spark: SparkSession, warehouse_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wh, rival = _open(spark, warehouse_dir, retries=1), _open(spark, warehouse_dir)
+    wh.create_tables(["topology"])
+    wh.append("topology", _topology(spark, 1, ["a"]))
+    _race_on_first_commits(wh, rival, times=99, monkeypatch=monkeypatch)
+    with pytest.raises(ConcurrentWriteError, match="lost the commit race to other writers 2 times.*commit_retries"):
+        wh.merge("topology", _topology(spark, 1, ["mine"]), TOPOLOGY_KEYS)
+    assert [r.node_id for r in wh.read("topology").collect()] == ["rival2"]
+    path = wh.path_of("topology")
+    assert _rb_dirs(path) == _referenced_dirs(path)  # our staged files were deleted, nothing is orphaned
+
+
+def test_concurrent_writers_on_one_file_end_with_every_write_exactly_once(
+    spark: SparkSession, warehouse_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    wh = _open(spark, warehouse_dir, retries=30)
+    wh.create_tables(["topology"])
+    # One file holds every version, so each writer must rewrite it: the writers really conflict.
+    wh.append(
+        "topology", spark.createDataFrame([(m, 0, "old", 0, False) for m in range(4)], tables.TOPOLOGY).coalesce(1)
+    )
+    writers = [_open(spark, warehouse_dir, retries=30) for _ in range(4)]
+    # Hold every writer's first commit until all four have planned from the same version: one commit wins and the
+    # three others must detect the conflict, re-plan and retry (the outcome otherwise depends on thread timing).
+    barrier = threading.Barrier(len(writers), timeout=60)
+    for writer in writers:
+        real_commit = writer._commit
+        first = [True]
+
+        def gated(*args: Any, _real: Callable[..., None] = real_commit, _first: list[bool] = first, **kw: Any) -> None:
+            if _first[0]:
+                _first[0] = False
+                barrier.wait()
+            _real(*args, **kw)
+
+        writer._commit = gated  # type: ignore[method-assign]
+    errors: list[BaseException] = []
+
+    def write(major: int) -> None:
+        try:
+            if major == 3:
+                writers[3].merge("topology", _topology(spark, 3, ["old", "m"], client=True), TOPOLOGY_KEYS)
+            else:
+                rows = _topology(spark, major, [f"new{major}"])
+                writers[major].replace_where("topology", rows, {"topology_major": major})
+        except BaseException as exc:  # surfaced below: a thread's exception would otherwise vanish
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(m,)) for m in range(4)]
+    with caplog.at_level("WARNING", logger="rebalancer.storage"):
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    assert sum("conflicted with another writer" in r.getMessage() for r in caplog.records) >= 3
+    expected = spark.createDataFrame(
+        [
+            (0, 0, "new0", 0, False),
+            (1, 0, "new1", 0, False),
+            (2, 0, "new2", 0, False),
+            (3, 0, "old", 0, True),
+            (3, 0, "m", 1, True),
+        ],
+        tables.TOPOLOGY,
+    )
+    assert_df_equality(wh.read("topology"), expected, ignore_row_order=True, ignore_nullable=True)
+
+
+# ---------------------------------------------------------------- pure helpers (shared with delta-spark)
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "ok"),
+    [
+        (IntegerType(), LongType(), True),
+        (ByteType(), IntegerType(), True),
+        (ShortType(), DoubleType(), True),
+        (FloatType(), DoubleType(), True),
+        (NullType(), MapType(StringType(), StringType()), True),
+        (DateType(), TimestampType(), True),
+        (ArrayType(IntegerType(), False), ArrayType(LongType()), True),
+        (IntegerType(), DecimalType(10, 0), True),
+        (DecimalType(5, 2), DecimalType(7, 3), True),
+        (LongType(), IntegerType(), False),
+        (DoubleType(), IntegerType(), False),
+        (LongType(), DoubleType(), False),
+        (StringType(), IntegerType(), False),
+        (IntegerType(), StringType(), False),
+        (TimestampType(), DateType(), False),
+        (ArrayType(LongType()), ArrayType(IntegerType()), False),
+        (DecimalType(7, 3), DecimalType(5, 2), False),
+    ],
+)
+def test_only_lossless_widening_is_implicit(source: DataType, target: DataType, ok: bool) -> None:
+    assert can_store(source, target) is ok
+
+
+def test_sql_text_for_delta_spark_runs_in_spark(spark: SparkSession, tmp_path: Path) -> None:
+    where: dict[str, WhereValue] = {
+        "node_id": "it's \\ é",
+        "topology_major": 2**40,
+        "is_client": None,
+        "at": dt.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC),
+    }
+    assert where_sql({"topology_major": 5, "topology_minor": 0}) == "`topology_major` = 5 AND `topology_minor` = 0"
+    assert sql_literal(2**40) == "1099511627776L"
+    assert sql_literal(True) == "TRUE"
+    rows = spark.createDataFrame(
+        [
+            ("it's \\ é", 2**40, None, dt.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)),
+            ("it's \\ é", 2**40, True, dt.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)),
+            ("other", 2**40, None, dt.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)),
+        ],
+        "node_id string, topology_major bigint, is_client boolean, at timestamp",
+    )
+    assert rows.filter(where_sql(where)).count() == 1
+    assert merge_condition(["a", "b"]) == "t.`a` = s.`a` AND t.`b` = s.`b`"
+    # The view statement parses and casts every contract type (run here over a parquet directory).
+    directory = str(tmp_path / "nodes")
+    spark.createDataFrame(_rows_for(tables.NODES), tables.NODES).write.parquet(directory)
+    spark.sql(view_sql("nodes_view", f"parquet.`{directory}`", tables.NODES))
+    assert spark.table("nodes_view").schema == tables.NODES
+    assert spark.table("nodes_view").count() == 3
+
+
+def test_delta_spark_references_and_conflict_recognition() -> None:
+    from delta.exceptions.base import ConcurrentAppendException
+
+    assert table_reference("topology", "/w/topology") == "delta.`/w/topology`"
+    assert table_reference("topology", None, "main.rb") == "`main`.`rb`.`topology`"
+    assert warehouse_uri("s3://bucket/wh/") == "s3://bucket/wh"
+    by_path = DeltaSparkWarehouse(None, "s3://bucket/wh", commit_retries=1)  # type: ignore[arg-type]
+    assert by_path.path_of("topology") == "s3://bucket/wh/topology"
+    by_name = DeltaSparkWarehouse(None, None, catalog_prefix="main.rb")  # type: ignore[arg-type]
+    assert (by_name.path_of("topology"), by_name.location) == ("main.rb.topology", "main.rb")
+    assert is_delta_conflict(ConcurrentAppendException(message="Files were added"))
+    assert is_delta_conflict(RuntimeError("[DELTA_CONCURRENT_DELETE_READ] This transaction attempted to read ..."))
+    assert not is_delta_conflict(RuntimeError("[DELTA_REPLACE_WHERE_MISMATCH] ..."))
+
+
+def test_retry_on_conflict_retries_only_conflicts() -> None:
+    attempts: list[int] = []
+
+    def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise RuntimeError("conflict")
+        return "done"
+
+    def conflict(exc: BaseException) -> bool:
+        return "conflict" in str(exc)
+
+    assert retry_on_conflict(flaky, table="t", retries=2, is_conflict=conflict, sleep=lambda s: None) == "done"
+    attempts.clear()
+    with pytest.raises(ConcurrentWriteError):
+        retry_on_conflict(flaky, table="t", retries=1, is_conflict=conflict, sleep=lambda s: None)
+    with pytest.raises(ValueError):
+        retry_on_conflict(lambda: int("x"), table="t", retries=5, is_conflict=conflict, sleep=lambda s: None)
+
+
+# ---------------------------------------------------------------- timing (excluded by default: pytest -m slow)
+
+
+@pytest.mark.slow
+def test_timing_one_million_rows(spark: SparkSession, warehouse_dir: Path) -> None:
+    """The numbers in docs/STORAGE.md: ``pytest -m slow tests/test_storage.py -k million -s``."""
+    import time
+
+    def partition_map(rows: int, major: int, offset: int = 0) -> DataFrame:
+        ids = spark.range(offset, offset + rows)
+        return ids.select(
+            F.lit(major).cast("bigint").alias("topology_major"),
+            F.lit(0).alias("topology_minor"),
+            F.concat(F.lit("g"), (F.col("id") % 16).cast("string")).alias("group_name"),
+            (F.col("id") % 65536).cast("int").alias("partition_id"),
+            F.concat(F.lit("node"), (F.col("id") % 100).cast("string")).alias("node_id"),
+            F.lit("OWNING").alias("state"),
+            F.col("id").alias("update_counter"),
+            (F.col("id") * 3).alias("size"),
+            (F.col("id") * 1024).alias("bytes"),
+        )
+
+    wh = _open(spark, warehouse_dir)
+    wh.create_tables(["partition_map"])
+    partition_map(100_000, 0).write.parquet(str(warehouse_dir / "warm-up"))  # JIT and Python workers, untimed
+    steps: list[tuple[str, Callable[[], object]]] = [
+        (
+            "plain Spark parquet write of the same 1M rows (floor)",
+            lambda: partition_map(1_000_000, 1).write.parquet(str(warehouse_dir / "plain")),
+        ),
+        ("append 1M rows", lambda: wh.append("partition_map", partition_map(1_000_000, 1))),
+        (
+            "read 1M rows, every column (noop sink)",
+            lambda: wh.read("partition_map").write.format("noop").mode("overwrite").save(),
+        ),
+        ("read 1M rows, sum(bytes)", lambda: wh.read("partition_map").agg(F.sum("bytes")).first()),
+        (
+            "replace_where 100k rows of a new version (files pruned by stats)",
+            lambda: wh.replace_where("partition_map", partition_map(100_000, 2), {"topology_major": 2}),
+        ),
+        (
+            "replace_where the same 100k again (rewrites that version's files)",
+            lambda: wh.replace_where("partition_map", partition_map(100_000, 2), {"topology_major": 2}),
+        ),
+        (
+            "merge 100k rows (50k updates) into 1.1M",
+            lambda: wh.merge("partition_map", partition_map(100_000, 1, 950_000), ["topology_major", "update_counter"]),
+        ),
+    ]
+    for label, step in steps:
+        started = time.perf_counter()
+        step()
+        print(f"{label}: {time.perf_counter() - started:.2f} s")
+    assert wh.read("partition_map").count() == 1_150_000
