@@ -139,8 +139,9 @@ def event(
     client: Annotated[bool, typer.Option("--client", help="The new node is a client (holds no data).")] = False,
 ) -> None:
     """Append a topology event; the next `exchange` processes it."""
-    from rebalancer.operations import append_event
+    from rebalancer.operations import append_event, check_event
 
+    check_event(event_type, node, group)  # before starting Spark: a typo costs no JVM start
     state = _state(ctx)
     appended = append_event(
         state.spark, state.warehouse, event_type, node, group, host=host, zone=zone, is_client=client
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if os.environ.get("REBALANCER_DEBUG"):
             raise
-        err_console.print(f"error: {_one_sentence(exc)}", markup=False)
+        err_console.print(f"error: {_one_sentence(exc)}", markup=False, soft_wrap=True)
         sys.exit(1)
 
 

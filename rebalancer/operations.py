@@ -22,6 +22,7 @@ __all__ = [
     "EVENT_TYPES",
     "EventError",
     "append_event",
+    "check_event",
     "generate_into",
     "load_generated_cluster",
     "validate_warehouse",
@@ -79,6 +80,22 @@ def generate_into(
     return load_generated_cluster(spark, warehouse, cluster)
 
 
+def check_event(event_type: str, node_id: str | None, group_name: str | None) -> str:
+    """The event type in upper case, once it is known to be complete.
+
+    Raises:
+        EventError: unknown type, or a node event without ``node_id`` / a cache event without ``group_name``.
+    """
+    event_type = event_type.upper()
+    if event_type not in EVENT_TYPES:
+        raise EventError(f"unknown event type {event_type!r}; use one of {', '.join(EVENT_TYPES)}")
+    if event_type in NODE_EVENTS and not node_id:
+        raise EventError(f"{event_type} needs --node ID")
+    if event_type in GROUP_EVENTS and not group_name:
+        raise EventError(f"{event_type} needs --group NAME")
+    return event_type
+
+
 @dataclass(frozen=True)
 class AppendedEvent:
     event_seq: int
@@ -107,13 +124,7 @@ def append_event(
     Raises:
         EventError: unknown type, or a node event without ``node_id`` / a cache event without ``group_name``.
     """
-    event_type = event_type.upper()
-    if event_type not in EVENT_TYPES:
-        raise EventError(f"unknown event type {event_type!r}; use one of {', '.join(EVENT_TYPES)}")
-    if event_type in NODE_EVENTS and not node_id:
-        raise EventError(f"{event_type} needs --node ID")
-    if event_type in GROUP_EVENTS and not group_name:
-        raise EventError(f"{event_type} needs --group NAME")
+    event_type = check_event(event_type, node_id, group_name)
     warehouse.create_tables(list(INPUT_TABLES))
     node_added = False
     if event_type == "NODE_JOINED":

@@ -1,0 +1,83 @@
+"""The CLI end to end on a real warehouse: init, generate, sql, event; errors are one sentence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import deltalake
+import pytest
+
+from rebalancer.cli import main, run_job
+from rebalancer.tables import SCHEMAS
+
+
+def run(capsys: Any, *argv: str) -> tuple[int, str, str]:
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_init_generate_sql_counts_256_reports(spark: Any, tmp_path: Path, capsys: Any) -> None:
+    w = str(tmp_path / "w")
+    assert run(capsys, "--warehouse", w, "init")[0] == 0
+    code, out, _ = run(capsys, "--warehouse", w, "generate", "--nodes", "5", "--groups", "2", "--partitions", "64",
+                       "--backups", "1", "--seed", "7")
+    assert code == 0, out
+    assert "256 partition reports" in out
+    code, out, _ = run(capsys, "--warehouse", w, "sql", "SELECT count(*) FROM partition_reports")
+    assert code == 0
+    assert "256" in out
+    for name, schema in SCHEMAS.items():
+        table = deltalake.DeltaTable(str(tmp_path / "w" / name))
+        assert [f.name for f in table.schema().fields] == schema.fieldNames(), name
+
+
+def test_event_appends_with_next_seq_and_adds_a_new_node(spark: Any, tmp_path: Path, capsys: Any) -> None:
+    w = str(tmp_path / "w")
+    run(capsys, "--warehouse", w, "generate", "--nodes", "3", "--groups", "1", "--partitions", "8")
+    code, out, _ = run(capsys, "--warehouse", w, "event", "NODE_FAILED", "--node", "node1")
+    assert code == 0 and "event 4: NODE_FAILED node1" in out
+    code, out, _ = run(capsys, "--warehouse", w, "event", "node_joined", "--node", "node9", "--zone", "zone1")
+    assert code == 0 and "event 5: NODE_JOINED node9" in out and "node node9 added" in out
+    code, out, _ = run(capsys, "--warehouse", w, "sql", "SELECT node_order, host FROM nodes WHERE node_id = 'node9'")
+    assert "4" in out and "host-node9" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["event", "NODE_EXPLODED", "--node", "n"], "unknown event type 'NODE_EXPLODED'"),
+        (["event", "NODE_FAILED"], "NODE_FAILED needs --node ID"),
+        (["event", "CACHE_STARTED"], "CACHE_STARTED needs --group NAME"),
+        (["sql", "SELEC nonsense"], "error: "),
+    ],
+)
+def test_errors_are_one_clear_line(spark: Any, tmp_path: Path, capsys: Any, argv: list[str], message: str) -> None:
+    code, out, err = run(capsys, "--warehouse", str(tmp_path / "w"), *argv)
+    assert code == 1
+    assert message in err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    others = [line for line in err.splitlines() if line and not line.startswith("error:")]
+    assert len(errors) == 1, err
+    assert all(line.endswith(" s") for line in others), err  # only the progress lines of finished steps
+    assert "Traceback" not in err and "at org.apache" not in err
+
+
+def test_bad_config_file_names_the_key(tmp_path: Path, capsys: Any) -> None:
+    conf = tmp_path / "c.toml"
+    conf.write_text('[storage]\nengine = "nope"\n')
+    code, _, err = run(capsys, "--conf", str(conf), "init")
+    assert code == 1 and "storage.engine" in err
+
+
+def test_job_entry_point_accepts_global_options_anywhere(spark: Any, tmp_path: Path, capsys: Any) -> None:
+    w = str(tmp_path / "w")
+    with pytest.raises(SystemExit) as exit_info:
+        run_job("generate", ["--nodes", "2", f"--warehouse={w}", "--groups", "1", "--partitions", "4"])
+    assert exit_info.value.code == 0
+    assert "wrote 2 nodes" in capsys.readouterr().out

@@ -1,0 +1,86 @@
+"""Synthetic clusters: steady (every ideal replica OWNING, consistent copies) and deterministic for a seed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import functions as F
+
+from rebalancer.config import GenerateSettings
+from rebalancer.generate import generate_cluster
+from rebalancer.tables import INPUT_TABLES
+
+
+@pytest.fixture(scope="module")
+def cluster(spark: Any) -> Any:
+    return generate_cluster(spark, nodes=5, groups=2, partitions=64, backups=1, seed=7)
+
+
+def test_tables_have_exactly_the_spec_schemas(cluster: Any) -> None:
+    for name, df in cluster.as_tables().items():
+        got = [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
+        assert got == [(f.name, f.dataType.simpleString()) for f in INPUT_TABLES[name].fields], name
+
+
+def test_every_ideal_replica_is_one_owning_report(cluster: Any) -> None:
+    reports = cluster.partition_reports
+    assert reports.count() == 2 * 64 * 2
+    assert reports.where(F.col("state") != "OWNING").count() == 0
+    per_partition = reports.groupBy("group_name", "partition_id").agg(
+        F.countDistinct("node_id").alias("copies"),
+        F.countDistinct("update_counter", "size", "bytes").alias("versions"),
+    )
+    assert per_partition.where((F.col("copies") != 2) | (F.col("versions") != 1)).count() == 0
+
+
+def test_counters_sizes_and_history_are_consistent(cluster: Any) -> None:
+    bad = cluster.partition_reports.where(
+        (F.col("size") < 0)
+        | (F.col("update_counter") < F.col("size"))
+        | (F.col("wal_history_counter") > F.col("update_counter"))
+        | (F.col("bytes") != F.col("size") * 1024)
+    )
+    assert bad.count() == 0
+    mean_bytes = cluster.partition_reports.agg(F.avg("bytes")).first()[0]
+    assert 0.8 * 200 * 2**20 < mean_bytes < 1.2 * 200 * 2**20
+
+
+def test_nodes_have_hosts_zones_and_join_events(cluster: Any) -> None:
+    nodes = cluster.nodes.orderBy("node_order").collect()
+    assert [n.node_id for n in nodes] == [f"node{i}" for i in range(5)]
+    assert [n.attributes["zone"] for n in nodes] == ["zone0", "zone1", "zone2", "zone0", "zone1"]
+    assert len({n.host for n in nodes}) == 5
+    events = cluster.topology_events.orderBy("event_seq").collect()
+    assert [(e.event_seq, e.event_type, e.node_id) for e in events] == [
+        (i + 1, "NODE_JOINED", f"node{i}") for i in range(5)
+    ]
+
+
+def test_same_seed_gives_the_same_cluster_and_another_seed_does_not(spark: Any, cluster: Any) -> None:
+    again = generate_cluster(spark, nodes=5, groups=2, partitions=64, backups=1, seed=7)
+    def comparable(df: Any) -> Any:  # maps cannot be sorted by chispa; compare their JSON
+        return df.withColumn("attributes", F.to_json("attributes")) if "attributes" in df.columns else df
+
+    for name, df in cluster.as_tables().items():
+        assert_df_equality(comparable(df), comparable(again.as_tables()[name]), ignore_row_order=True)
+    other = generate_cluster(spark, nodes=5, groups=2, partitions=64, backups=1, seed=8)
+    sizes = [r.size for r in cluster.partition_reports.orderBy("group_name", "partition_id", "node_id").collect()]
+    other_sizes = [r.size for r in other.partition_reports.orderBy("group_name", "partition_id", "node_id").collect()]
+    assert sizes != other_sizes
+
+
+def test_hosts_group_neighbours(spark: Any) -> None:
+    c = generate_cluster(spark, 6, 1, 8, 1, seed=1, settings=GenerateSettings(nodes_per_host=2, zones=2))
+    hosts = [r.host for r in c.nodes.orderBy("node_order").collect()]
+    assert hosts == ["host0", "host0", "host1", "host1", "host2", "host2"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [((0, 1, 8, 1), "--nodes"), ((1, 0, 8, 1), "--groups"), ((1, 1, 0, 1), "--partitions"), ((1, 1, 8, -1), "--backups")],
+)
+def test_bad_sizes_are_refused(spark: Any, args: tuple[int, int, int, int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        generate_cluster(spark, *args, seed=0)
