@@ -1,0 +1,815 @@
+"""Input validation: every input table checked against SPEC section 2 before any stage reads it.
+
+Contract:
+
+* :func:`conform` selects the SPEC columns of one raw table (extra columns are ignored) and casts them to the SPEC
+  types with ``try_cast``. A table that lacks a column, or has a column whose type can never be cast (a string where
+  a map belongs), raises :class:`InputSchemaError`. A *value* that does not cast (``'abc'`` in an int column, ``1.5``
+  in an int column) rejects its row, not the table.
+* :func:`validate_inputs` applies the rule catalogue (``docs/VALIDATION.md``) to all four input tables: types,
+  enums, ranges, nulls in key columns, uniqueness, and references between tables. Every input row ends up in
+  exactly one place: ``Validated.valid[table]`` (unchanged, SPEC schema) or ``Validated.rejected`` (SPEC
+  ``rejected_rows`` schema: the original row as JSON and every reason it failed, joined by ``"; "``).
+  Nothing is dropped silently, and no rule picks one of several conflicting rows.
+* Rows that refer to a rejected row (a report of a node whose ``nodes`` row was rejected) are rejected too, with a
+  reason that says so.
+* ``strict=True`` raises :class:`InvalidInputError` instead of returning rejected rows. That is the only case that
+  runs a Spark action here; otherwise everything is lazy DataFrame code (built-ins only, no UDF, no collect).
+* Each rule is a condition (evaluated for every row: cheap boolean work on the valid path) and a sentence (built only
+  for rejected rows, like the original row's JSON). ``partition_reports`` is shuffled once, by copy; the small
+  ``nodes`` and ``cache_groups`` facts reach the other tables through broadcast joins.
+
+Null means a default in some columns (``mode``, ``capacity``, ...). Validation keeps those nulls as they are, so
+valid rows are the input rows unchanged; :func:`with_defaults` resolves them for the stages.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    CharType,
+    DataType,
+    DateType,
+    DoubleType,
+    FractionalType,
+    IntegralType,
+    MapType,
+    NullType,
+    NumericType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+    VarcharType,
+)
+
+from rebalancer.tables import INPUT_TABLES, REJECTED_ROWS
+
+__all__ = [
+    "AFFINITIES",
+    "EVENT_TYPES",
+    "GROUP_EVENTS",
+    "LOSS_POLICIES",
+    "MAX_PARTITIONS",
+    "MODES",
+    "NODE_EVENTS",
+    "PARTITIONERS",
+    "STATES",
+    "InputSchemaError",
+    "InvalidInputError",
+    "Validated",
+    "conform",
+    "validate_inputs",
+    "with_defaults",
+]
+
+# ---- SPEC section 2 enums and ranges ----
+MODES = ("PARTITIONED", "REPLICATED")
+AFFINITIES = ("rendezvous", "ignite")
+LOSS_POLICIES = ("READ_ONLY_SAFE", "READ_WRITE_SAFE", "IGNORE")
+PARTITIONERS = ("murmur3", "ignite", "hazelcast")
+NODE_EVENTS = ("NODE_JOINED", "NODE_LEFT", "NODE_FAILED")
+GROUP_EVENTS = ("CACHE_STARTED", "CACHE_STOPPED", "RESET_LOST_PARTITIONS")
+EVENT_TYPES = NODE_EVENTS + GROUP_EVENTS
+STATES = ("OWNING", "MOVING", "RENTING", "EVICTED", "LOST")
+MAX_PARTITIONS = 65536
+
+_UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+_STRICT_EXAMPLES = 3
+
+# Working columns carried next to the SPEC columns while a table is checked (never in an output).
+_RAW = "__rebalancer_raw"
+_CAST_FAILED = "__rebalancer_cast_failed"
+_CONTENT = "__rebalancer_content"
+_COPY_RANK = "__rebalancer_copy_rank"
+_DISTINCT = "__rebalancer_distinct"
+_BAD = "__rebalancer_bad"
+_SEGMENT = "__rebalancer_owning_segment"
+_EARLIER_OWNING = "__rebalancer_earlier_owning"
+_REGRESSION = "__rebalancer_counter_regression"
+_NODE_REF = "__rebalancer_node"
+_GROUP_REF = "__rebalancer_group"
+_NODE_OK = f"{_NODE_REF}.ok"
+_NODE_CLIENT = f"{_NODE_REF}.client"
+_GROUP_OK = f"{_GROUP_REF}.ok"
+_GROUP_PARTITIONS = f"{_GROUP_REF}.partitions"
+_GROUP_PERSISTENT = f"{_GROUP_REF}.persistent"
+
+
+class InputSchemaError(ValueError):
+    """An input table is missing, misses SPEC columns, or has a column whose type cannot be cast to the SPEC type.
+
+    The message lists, per table, what was expected and what was found.
+    """
+
+
+class InvalidInputError(ValueError):
+    """Strict mode found bad input rows; the message gives the count per table and the first reasons.
+
+    Attributes:
+        counts: rejected rows per input table (tables without rejected rows are absent).
+    """
+
+    def __init__(self, message: str, counts: Mapping[str, int]) -> None:
+        super().__init__(message)
+        self.counts: dict[str, int] = dict(counts)
+
+
+@dataclass(frozen=True)
+class Validated:
+    """The outcome of :func:`validate_inputs`.
+
+    Attributes:
+        valid: per input table, the rows that passed every rule, unchanged and with exactly the SPEC schema.
+        rejected: every other row, with the ``rejected_rows`` schema of SPEC section 3.
+    """
+
+    valid: dict[str, DataFrame]
+    rejected: DataFrame
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """One rule of the catalogue, applied to one row.
+
+    Attributes:
+        broken: true where the row breaks the rule (null counts as false). Evaluated for every row.
+        reason: the sentence that says how, naming the column, the value and what is allowed. Evaluated only for
+            rejected rows, so it may only use columns of the checked frame (no window functions of its own).
+    """
+
+    broken: Column
+    reason: Column
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A checked table: its frame with the ``_BAD`` flag, the rules that set it, and the original row as JSON."""
+
+    df: DataFrame
+    rules: list[_Rule]
+    row_json: Column
+
+
+# =====================================================================================================================
+# Schema: which raw types may be cast to which SPEC types
+# =====================================================================================================================
+
+
+def _is_text(dtype: DataType) -> bool:
+    return isinstance(dtype, StringType | CharType | VarcharType)
+
+
+def _castable(source: DataType, target: DataType) -> bool:
+    """Whether a raw column of type ``source`` can feed the SPEC type ``target`` (value by value, via try_cast).
+
+    Deliberately narrower than Spark's cast rules: only conversions a writer plausibly meant (numbers written as
+    text, ints written as bigint, ids written as numbers). A boolean partition count or a map written as text is a
+    schema error, not a per-row problem.
+    """
+    if source == target or isinstance(source, NullType):
+        return True
+    if isinstance(target, StringType):
+        return _is_text(source) or isinstance(source, IntegralType)
+    if isinstance(target, IntegralType | DoubleType):
+        return _is_text(source) or isinstance(source, NumericType)
+    if isinstance(target, BooleanType):
+        return _is_text(source) or isinstance(source, BooleanType)
+    if isinstance(target, TimestampType):
+        return _is_text(source) or isinstance(source, TimestampType | TimestampNTZType | DateType)
+    if isinstance(target, ArrayType):
+        return isinstance(source, ArrayType) and _castable(source.elementType, target.elementType)
+    if isinstance(target, MapType):
+        return (
+            isinstance(source, MapType)
+            and _castable(source.keyType, target.keyType)
+            and _castable(source.valueType, target.valueType)
+        )
+    return False
+
+
+def _schema_problems(name: str, raw_df: DataFrame) -> list[str]:
+    """Human-readable problems with the columns of ``raw_df`` as table ``name``; empty when it conforms."""
+    spec = INPUT_TABLES[name]
+    found = {field.name: field.dataType for field in raw_df.schema.fields}
+    missing = [f"{f.name} {f.dataType.simpleString()}" for f in spec.fields if f.name not in found]
+    wrong = [
+        f"{f.name} is {found[f.name].simpleString()} (expected {f.dataType.simpleString()})"
+        for f in spec.fields
+        if f.name in found and not _castable(found[f.name], f.dataType)
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing column(s) {', '.join(missing)}")
+    if wrong:
+        problems.append(f"column type(s) that cannot be cast: {', '.join(wrong)}")
+    if problems:
+        expected = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in spec.fields)
+        arrived = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in raw_df.schema.fields) or "no columns"
+        return [f"{name}: {'; '.join(problems)}. Expected: {expected}. Found: {arrived}."]
+    return []
+
+
+# =====================================================================================================================
+# Small Column helpers
+# =====================================================================================================================
+
+
+def _col(name: str) -> Column:
+    """A column by its exact name, even if the name contains dots or backticks."""
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def _text(*parts: str | Column) -> Column:
+    """Concatenate literal text and column values (cast to string) into a message."""
+    return F.concat(*[F.lit(p) if isinstance(p, str) else p.cast("string") for p in parts])
+
+
+def _quoted(column: str) -> Column:
+    """``'value'`` of a column, for messages."""
+    return _text("'", F.col(column), "'")
+
+
+def _named(column: str) -> Column:
+    """``column 'value'``, for messages."""
+    return _text(f"{column} ", _quoted(column))
+
+
+def _rule(broken: Column, reason: Column | str) -> _Rule:
+    """A rule from its condition and its sentence."""
+    return _Rule(F.coalesce(broken, F.lit(False)), F.lit(reason) if isinstance(reason, str) else reason)
+
+
+def _article(dtype: DataType) -> str:
+    name = dtype.simpleString()
+    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
+
+
+def _cast_failed(column: str) -> Column:
+    return F.array_contains(F.col(_CAST_FAILED), column)
+
+
+def _clean() -> Column:
+    """The row breaks no rule applied so far (only valid once ``_BAD`` exists)."""
+    return ~F.col(_BAD)
+
+
+# =====================================================================================================================
+# Conforming: select + try_cast, remembering the original row
+# =====================================================================================================================
+
+
+def _conformed_frame(name: str, raw_df: DataFrame) -> tuple[DataFrame, list[_Rule], Column]:
+    """SPEC columns cast to SPEC types, the cast-failure rules, and what it takes to rebuild the original row.
+
+    Returns:
+        The frame; one rule per column whose values may fail to cast; and a Column (valid on any frame derived from
+        the first that keeps its columns) giving the original row as JSON. Values that the cast left unchanged are
+        read back from the SPEC column, the others (extra columns, values before a cast) from one hidden struct, so
+        the JSON is built only where it is used (rejected rows).
+
+    Raises:
+        InputSchemaError: see :func:`conform`.
+    """
+    if name not in INPUT_TABLES:
+        raise InputSchemaError(f"{name!r} is not an input table; input tables: {', '.join(INPUT_TABLES)}")
+    problems = _schema_problems(name, raw_df)
+    if problems:
+        raise InputSchemaError(problems[0])
+    spec = INPUT_TABLES[name]
+    found = {field.name: field.dataType for field in raw_df.schema.fields}
+    unchanged = [c for c in raw_df.columns if c in spec.names and found[c] == spec[c].dataType]
+    kept = {c: f"c{i}" for i, c in enumerate(raw_df.columns) if c not in unchanged}  # raw value -> field of _RAW
+    original = [_col(c) if c in unchanged else F.col(f"{_RAW}.{kept[c]}").alias(c) for c in raw_df.columns]
+    row_json = F.to_json(F.struct(*original), {"ignoreNullFields": "false"})
+
+    casts: list[Column] = []
+    cast_rules: list[_Rule] = []
+    failed_names: list[Column] = []
+    for field in spec.fields:
+        raw, source, target = _col(field.name), found[field.name], field.dataType
+        cast = raw if source == target else raw.try_cast(target)
+        casts.append(cast.alias(field.name))
+        if source == target or isinstance(source, NullType) or isinstance(target, ArrayType | MapType | StringType):
+            continue  # these conversions cannot fail value by value
+        failed = raw.isNotNull() & cast.isNull()
+        if isinstance(source, FractionalType) and isinstance(target, IntegralType):
+            failed = failed | (cast.cast(source) != raw)  # 1.5 -> 1 would silently change the value
+        failed_names.append(F.when(failed, F.lit(field.name)))
+        # On the conformed frame the value before the cast is in _RAW and the cast value in the SPEC column.
+        before = F.col(f"{_RAW}.{kept[field.name]}")
+        cast_rules.append(
+            _rule(_cast_failed(field.name), _text(f"{field.name}: '", before, f"' is not {_article(target)}"))
+        )
+    frame_df = raw_df.select(
+        *casts,
+        *([F.struct(*[_col(c).alias(f) for c, f in kept.items()]).alias(_RAW)] if kept else []),
+        F.array_compact(F.array(*failed_names, F.lit(None).cast("string"))).alias(_CAST_FAILED),
+    )
+    return frame_df, cast_rules, row_json
+
+
+def _spec_columns(name: str) -> list[str]:
+    return INPUT_TABLES[name].fieldNames()
+
+
+def _with_schema(df: DataFrame, schema: StructType) -> DataFrame:
+    """``df`` (columns already in ``schema`` order and types) reported with exactly ``schema``, nullability included.
+
+    Literals and casts of non-null input are non-nullable; a union with an empty all-null projection of ``df``
+    makes every column nullable, as SPEC declares, and the optimizer removes the empty side.
+    """
+    empty_df = df.where(F.lit(False)).select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields])
+    return empty_df.union(df)
+
+
+def _rejected_rows(name: str, checked: _Checked, exchange_id: Column) -> DataFrame:
+    """The rows of a checked table that break a rule, as ``rejected_rows`` (sentences built only here)."""
+    rejected_df = checked.df.where(F.col(_BAD)).select(
+        F.lit(name).alias("table_name"),
+        checked.row_json.alias("row_json"),
+        F.concat_ws("; ", *[F.when(rule.broken, rule.reason) for rule in checked.rules]).alias("reason"),
+        exchange_id.cast("bigint").alias("exchange_id"),
+    )
+    return _with_schema(rejected_df, REJECTED_ROWS)
+
+
+def _valid_rows(name: str, checked: _Checked) -> DataFrame:
+    return _with_schema(checked.df.where(~F.col(_BAD)).select(*_spec_columns(name)), INPUT_TABLES[name])
+
+
+def _with_rules(df: DataFrame, rules: Sequence[_Rule]) -> DataFrame:
+    """Set ``_BAD`` where a row breaks any of ``rules`` (or, if ``_BAD`` exists, any rule applied before)."""
+    broken = [F.col(_BAD)] if _BAD in df.columns else []
+    broken += [rule.broken for rule in rules]
+    return df.withColumn(_BAD, functools.reduce(lambda a, b: a | b, broken, F.lit(False)))
+
+
+def conform(name: str, raw_df: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """Select and cast the SPEC columns of input table ``name``; reject rows whose values do not cast.
+
+    Args:
+        name: an input table of SPEC section 2 (``cache_groups``, ``nodes``, ``topology_events``,
+            ``partition_reports``).
+        raw_df: the table as it arrived; extra columns are ignored.
+
+    Returns:
+        ``(conformed_df, rejected_df)``: the rows whose every non-null value casts, with exactly the SPEC schema, and
+        the others in the ``rejected_rows`` schema (``exchange_id`` null) with a reason per failed column, e.g.
+        ``"partition_id: 'abc' is not an int"``.
+
+    Raises:
+        InputSchemaError: ``name`` is not an input table, a SPEC column is missing, or a column has a type that can
+            never be cast to its SPEC type; the message lists the expected and the found columns.
+    """
+    frame_df, cast_rules, row_json = _conformed_frame(name, raw_df)
+    checked = _Checked(_with_rules(frame_df, cast_rules), cast_rules, row_json)
+    return _valid_rows(name, checked), _rejected_rows(name, checked, F.lit(None))
+
+
+# =====================================================================================================================
+# The rule catalogue: each helper is one rule (where it is broken, and the sentence that says so)
+# =====================================================================================================================
+
+
+def _required(column: str, allowed: str) -> _Rule:
+    """A column that must not be null (a value that failed to cast already has its own reason)."""
+    return _rule(F.col(column).isNull() & ~_cast_failed(column), f"{column} is null; it must be {allowed}")
+
+
+def _blank(column: str) -> _Rule:
+    """A name column that holds only whitespace."""
+    return _rule(F.trim(F.col(column)) == "", _text(f"{column} ", _quoted(column), " is blank; it must be a name"))
+
+
+def _not_one_of(column: str, allowed: Sequence[str], null_means: str | None = None) -> _Rule:
+    """An enum column with a value outside SPEC's list (null is left to other rules)."""
+    default = f" (null means {null_means})" if null_means else ""
+    message = _text(f"{column} ", _quoted(column), f" is not one of {', '.join(allowed)}{default}")
+    return _rule(~F.col(column).isin(*allowed), message)
+
+
+def _negative(column: str) -> _Rule:
+    """A count below zero (counters, sizes, ``backups``, ``partition_id``)."""
+    return _rule(F.col(column) < 0, _text(f"{column} ", F.col(column), " is negative; it must be >= 0"))
+
+
+def _outside(column: str, low: int, high: int) -> _Rule:
+    """A number outside ``low..high`` inclusive."""
+    return _rule(~F.col(column).between(low, high), _text(f"{column} ", F.col(column), f" is not in {low}..{high}"))
+
+
+def _null_in_list(column: str) -> _Rule:
+    """An array column with a null element."""
+    return _rule(
+        F.exists(F.col(column), lambda x: x.isNull()),
+        _text(f"{column} ", F.col(column), " contains a null; list attribute names only"),
+    )
+
+
+def _bad_capacity() -> _Rule:
+    """``capacity`` must be a finite number > 0 (NaN compares greater than everything in Spark, so test it)."""
+    capacity = F.col("capacity")
+    bad = (capacity <= 0) | F.isnan(capacity) | (capacity == F.lit(float("inf")))
+    return _rule(bad, _text("capacity ", capacity, " is not a finite number > 0 (null means 1.0)"))
+
+
+def _not_a_uuid(column: str) -> _Rule:
+    """A runtime UUID that ``UUID.compareTo`` could not order (only the canonical 8-4-4-4-12 text is accepted)."""
+    return _rule(
+        ~F.col(column).rlike(_UUID_PATTERN),
+        _text(f"{column} ", _quoted(column), " is not a UUID (8-4-4-4-12 hex digits)"),
+    )
+
+
+def _distinct_column(keys: Sequence[str]) -> str:
+    return f"{_DISTINCT}_{'_'.join(keys)}"
+
+
+def _conflicting(keys: Sequence[str], table: str, subject: Column, rule: str) -> _Rule:
+    """Rows that share a key which must be unique but differ in content: every one of them is rejected.
+
+    Exact copies of one row do not conflict (they are the ``_extra_copy`` rule's business).
+    """
+    distinct = F.col(_distinct_column(keys))
+    present = functools.reduce(lambda a, b: a & b, [F.col(k).isNotNull() for k in keys])
+    message = _text(subject, " appears in ", distinct, f" different {table} rows; {rule}, so all of them are rejected")
+    return _rule(present & (distinct > 1), message)
+
+
+def _extra_copy(key: Sequence[str], table: str) -> _Rule:
+    """Rows identical in every SPEC column (a retried append): one is checked as usual, the others rejected."""
+    message = f"exact duplicate of another {table} row (one copy is used, the others are rejected)"
+    return _rule((F.col(_distinct_column(key)) == 1) & (F.col(_COPY_RANK) > 1), message)
+
+
+def _unknown_reference(column: str, table: str, ok: str) -> _Rule:
+    """A reference to a row that does not exist in ``table``."""
+    return _rule(
+        F.col(column).isNotNull() & F.col(ok).isNull(), _text(f"{column} ", _quoted(column), f" is not in {table}")
+    )
+
+
+def _rejected_reference(column: str, table: str, ok: str) -> _Rule:
+    """A reference to a row of ``table`` that was itself rejected."""
+    message = _text(f"{column} ", _quoted(column), f" refers to a {table} row that was rejected (see its reason)")
+    return _rule(F.col(column).isNotNull() & ~F.col(ok), message)
+
+
+def _needs(column: str, event_types: Sequence[str]) -> _Rule:
+    """An event type that needs ``column`` arrived without it."""
+    return _rule(
+        F.col("event_type").isin(*event_types) & F.col(column).isNull(),
+        _text(F.col("event_type"), f" event has no {column}; {', '.join(event_types)} events need one"),
+    )
+
+
+def _client_report() -> _Rule:
+    """A partition report from a client node: clients hold no data."""
+    return _rule(
+        F.col(_NODE_CLIENT),
+        _text("node_id ", _quoted("node_id"), " is a client node (is_client = true); clients hold no partitions"),
+    )
+
+
+def _partition_beyond_group() -> _Rule:
+    """``partition_id`` at or beyond its group's partition count."""
+    count = F.col(_GROUP_PARTITIONS)
+    message = _text(
+        "partition_id ", F.col("partition_id"), " is out of range for group ", _quoted("group_name"),
+        ", which has ", count, " partitions (0..", count - 1, ")",
+    )  # fmt: skip
+    return _rule(F.col(_GROUP_OK) & (F.col("partition_id") >= count), message)
+
+
+def _history_beyond_counter() -> _Rule:
+    """``wal_history_counter`` above ``update_counter``: a node cannot replay history it has not written."""
+    message = _text(
+        "wal_history_counter ", F.col("wal_history_counter"), " is greater than update_counter ",
+        F.col("update_counter"), "; a node's WAL history cannot start after its current counter",
+    )  # fmt: skip
+    return _rule(F.col("wal_history_counter") > F.col("update_counter"), message)
+
+
+def _counter_regression(previous_max: Column, previous_seq: Column) -> _Rule:
+    """An OWNING report of a persistent copy whose counter is below an earlier OWNING report of the same copy with
+    no MOVING, RENTING, EVICTED or LOST report in between (see docs/VALIDATION.md for why only this case)."""
+    message = _text(
+        "update_counter ", F.col("update_counter"), " is lower than ", previous_max,
+        " in the earlier OWNING report of this copy (report_seq ", previous_seq,
+        ") with no MOVING, RENTING, EVICTED or LOST report in between; the counter of a persistent OWNING copy"
+        " never decreases",
+    )  # fmt: skip
+    applies = _clean() & (F.col("state") == "OWNING") & F.coalesce(F.col(_GROUP_PERSISTENT), F.lit(False))
+    return _rule(applies & (F.col("update_counter") < previous_max), message)
+
+
+# =====================================================================================================================
+# Per-table checks
+# =====================================================================================================================
+
+
+def _with_copies(df: DataFrame, name: str, unique_keys: Sequence[Sequence[str]]) -> DataFrame:
+    """Add, for each key that must be unique, how many different rows share its value, and each row's rank among the
+    rows of the first (main) key. These are the only window functions of the per-row rules.
+
+    Content means every SPEC column; maps cannot be compared or collected in Spark, so a map takes part as its JSON
+    text. The rank only matters when every row of the main key is identical; which copy ranks first is then
+    immaterial. Window ordered by its own keys: the rank and the main count share one window operator.
+    """
+    content = F.struct(
+        *[
+            F.to_json(f.name).alias(f.name) if isinstance(f.dataType, MapType) else F.col(f.name)
+            for f in INPUT_TABLES[name].fields
+        ]
+    )
+    main = Window.partitionBy(*unique_keys[0]).orderBy(*unique_keys[0])
+    counts = {}
+    for keys in unique_keys:
+        whole = (
+            Window.partitionBy(*keys).orderBy(*keys).rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+        )
+        counts[_distinct_column(keys)] = F.size(F.collect_set(F.col(_CONTENT)).over(whole))
+    return df.withColumn(_CONTENT, content).withColumns({_COPY_RANK: F.row_number().over(main), **counts})
+
+
+def _check_cache_groups(raw_df: DataFrame) -> _Checked:
+    frame_df, cast_rules, row_json = _conformed_frame("cache_groups", raw_df)
+    frame_df = _with_copies(frame_df, "cache_groups", [["group_name"]])
+    rules = [
+        *cast_rules,
+        _required("group_name", "a unique name"),
+        _blank("group_name"),
+        _required("partitions", f"an int in 1..{MAX_PARTITIONS}"),
+        _outside("partitions", 1, MAX_PARTITIONS),
+        _required("backups", "an int >= 0"),
+        _negative("backups"),
+        _not_one_of("mode", MODES, "PARTITIONED"),
+        _not_one_of("affinity", AFFINITIES, "rendezvous"),
+        _null_in_list("backup_filter"),
+        _not_one_of("loss_policy", LOSS_POLICIES, "READ_WRITE_SAFE"),
+        _not_one_of("partitioner", PARTITIONERS, "ignite for the ignite affinity, else murmur3"),
+        _conflicting(["group_name"], "cache_groups", _named("group_name"), "names must be unique"),
+        _extra_copy(["group_name"], "cache_groups"),
+    ]
+    return _Checked(_with_rules(frame_df, rules), rules, row_json)
+
+
+def _check_nodes(raw_df: DataFrame) -> _Checked:
+    frame_df, cast_rules, row_json = _conformed_frame("nodes", raw_df)
+    frame_df = _with_copies(frame_df, "nodes", [["node_id"], ["node_uuid"], ["node_order"]])
+    rules = [
+        *cast_rules,
+        _required("node_id", "a unique consistent id"),
+        _blank("node_id"),
+        _not_a_uuid("node_uuid"),
+        _required("node_order", "a unique bigint join order"),
+        _bad_capacity(),
+        _conflicting(["node_id"], "nodes", _named("node_id"), "node ids must be unique"),
+        _conflicting(["node_uuid"], "nodes", _named("node_uuid"), "runtime UUIDs must be unique"),
+        _conflicting(["node_order"], "nodes", _text("node_order ", F.col("node_order")), "join orders must be unique"),
+        _extra_copy(["node_id"], "nodes"),
+    ]
+    return _Checked(_with_rules(frame_df, rules), rules, row_json)
+
+
+def _node_references(nodes_checked_df: DataFrame) -> DataFrame:
+    """One row per node_id: whether a valid row has it, and whether that node is a client (null = server).
+
+    The facts travel as one struct so that every consumer reads the same columns and Spark computes (and
+    broadcasts) the reference table once per query instead of once per consumer.
+    """
+    facts = F.struct(_clean().alias("ok"), (_clean() & F.coalesce(F.col("is_client"), F.lit(False))).alias("client"))
+    return (
+        nodes_checked_df.where(F.col("node_id").isNotNull())
+        .groupBy("node_id")
+        .agg(F.max(facts).alias(_NODE_REF))  # (true, ...) wins: at most one row per node_id is valid
+    )
+
+
+def _group_references(groups_checked_df: DataFrame) -> DataFrame:
+    """One row per group_name: whether a valid row has it, its partition count and persistence (null = true)."""
+    facts = F.struct(
+        _clean().alias("ok"),
+        F.col("partitions").alias("partitions"),
+        F.coalesce(F.col("persistent"), F.lit(True)).alias("persistent"),
+    )
+    return (
+        groups_checked_df.where(F.col("group_name").isNotNull())
+        .groupBy("group_name")
+        .agg(F.max(facts).alias(_GROUP_REF))  # (true, ...) wins: at most one row per group_name is valid
+    )
+
+
+def _with_references(df: DataFrame, node_refs_df: DataFrame, group_refs_df: DataFrame) -> DataFrame:
+    """Left-join the (small, broadcast) reference facts of the node and group each row names."""
+    return df.join(F.broadcast(node_refs_df), "node_id", "left").join(F.broadcast(group_refs_df), "group_name", "left")
+
+
+def _check_topology_events(raw_df: DataFrame, node_refs_df: DataFrame, group_refs_df: DataFrame) -> _Checked:
+    frame_df, cast_rules, row_json = _conformed_frame("topology_events", raw_df)
+    frame_df = _with_references(frame_df, node_refs_df, group_refs_df)
+    frame_df = _with_copies(frame_df, "topology_events", [["event_seq"]])
+    rules = [
+        *cast_rules,
+        _required("event_seq", "a unique bigint"),
+        _required("event_type", f"one of {', '.join(EVENT_TYPES)}"),
+        _not_one_of("event_type", EVENT_TYPES),
+        _needs("node_id", NODE_EVENTS),
+        _needs("group_name", GROUP_EVENTS),
+        _unknown_reference("node_id", "nodes", _NODE_OK),
+        _rejected_reference("node_id", "nodes", _NODE_OK),
+        _unknown_reference("group_name", "cache_groups", _GROUP_OK),
+        _rejected_reference("group_name", "cache_groups", _GROUP_OK),
+        _conflicting(["event_seq"], "topology_events", _text("event_seq ", F.col("event_seq")), "it must be unique"),
+        _extra_copy(["event_seq"], "topology_events"),
+    ]
+    return _Checked(_with_rules(frame_df, rules), rules, row_json)
+
+
+_COPY = ["node_id", "group_name", "partition_id"]
+_REPORT_KEY = [*_COPY, "report_seq"]
+
+
+def _check_partition_reports(raw_df: DataFrame, node_refs_df: DataFrame, group_refs_df: DataFrame) -> _Checked:
+    # One shuffle by copy serves every window below (each partitions by a superset of the copy key), and every
+    # window is ordered by (copy, report_seq), so one sort serves them all.
+    frame_df, cast_rules, row_json = _conformed_frame("partition_reports", raw_df)
+    frame_df = _with_references(frame_df.repartition(*_COPY), node_refs_df, group_refs_df)
+    frame_df = _with_copies(frame_df, "partition_reports", [_REPORT_KEY])
+    copy_and_seq = _text(
+        "report_seq ", F.col("report_seq"), " of node ", _quoted("node_id"), ", group ", _quoted("group_name"),
+        ", partition ", F.col("partition_id"),
+    )  # fmt: skip
+    rules = [
+        *cast_rules,
+        _required("node_id", "the id of the reporting node"),
+        _required("group_name", "the name of the reported cache group"),
+        _required("partition_id", "an int >= 0"),
+        _required("report_seq", "a bigint (the latest report per node, group and partition wins)"),
+        _required("state", f"one of {', '.join(STATES)}"),
+        _not_one_of("state", STATES),
+        _required("update_counter", "a bigint >= 0"),
+        _negative("update_counter"),
+        _required("size", "a bigint >= 0 (entries)"),
+        _negative("size"),
+        _required("bytes", "a bigint >= 0"),
+        _negative("bytes"),
+        _negative("wal_history_counter"),
+        _history_beyond_counter(),
+        _negative("partition_id"),
+        _unknown_reference("node_id", "nodes", _NODE_OK),
+        _rejected_reference("node_id", "nodes", _NODE_OK),
+        _client_report(),
+        _unknown_reference("group_name", "cache_groups", _GROUP_OK),
+        _rejected_reference("group_name", "cache_groups", _GROUP_OK),
+        _partition_beyond_group(),
+        _conflicting(_REPORT_KEY, "partition_reports", copy_and_seq, "it must be unique per copy"),
+        _extra_copy(_REPORT_KEY, "partition_reports"),
+    ]
+    frame_df = _with_rules(frame_df, rules)
+    # Counter regressions, judged among the reports that broke no rule above: a run of consecutive OWNING reports
+    # of one copy ("segment") ends at any other state; inside a run the counter must not decrease.
+    by_seq = Window.partitionBy(*_COPY).orderBy("report_seq")
+    owning = _clean() & (F.col("state") == "OWNING")
+    resets = F.sum(F.when(_clean() & (F.col("state") != "OWNING"), 1).otherwise(0))
+    frame_df = frame_df.withColumn(
+        _SEGMENT, resets.over(by_seq.rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    )
+    # The greatest (segment, counter, report_seq) among earlier clean OWNING reports: its segment is the latest one.
+    earlier = F.struct(F.col(_SEGMENT).alias("segment"), F.col("update_counter").alias("counter"),
+                       F.col("report_seq").alias("seq"))  # fmt: skip
+    frame_df = frame_df.withColumn(
+        _EARLIER_OWNING, F.max(F.when(owning, earlier)).over(by_seq.rowsBetween(Window.unboundedPreceding, -1))
+    )
+    same_run = F.col(f"{_EARLIER_OWNING}.segment") == F.col(_SEGMENT)
+    regression = _counter_regression(
+        F.when(same_run, F.col(f"{_EARLIER_OWNING}.counter")), F.col(f"{_EARLIER_OWNING}.seq")
+    )
+    # Materialised: its condition reads _BAD as it was before this rule, which the rejected branch cannot see.
+    frame_df = frame_df.withColumn(_REGRESSION, regression.broken)
+    regression = _Rule(F.col(_REGRESSION), regression.reason)
+    return _Checked(_with_rules(frame_df, [regression]), [*rules, regression], row_json)
+
+
+# =====================================================================================================================
+# Public entry points
+# =====================================================================================================================
+
+
+def validate_inputs(raw: Mapping[str, DataFrame], exchange_id: int | None = None, strict: bool = False) -> Validated:
+    """Check the four input tables against SPEC section 2 and split every table into valid and rejected rows.
+
+    Args:
+        raw: the input tables by name, as read (extra columns are ignored; keys other than the four input tables are
+            not validated). ``topology_events`` and ``partition_reports`` may be empty DataFrames.
+        exchange_id: the exchange this validation belongs to, copied into every rejected row (may be None).
+        strict: raise :class:`InvalidInputError` when any row is rejected, instead of returning it. This runs one
+            Spark action (an aggregate over the rejected rows).
+
+    Returns:
+        :class:`Validated`: ``valid`` holds every input table (SPEC schema, rows unchanged) and ``rejected`` every
+        rejected row of all tables (``rejected_rows`` schema). Each input row is in exactly one of them. Lazy: nothing
+        is computed until the caller runs an action.
+
+    Raises:
+        InputSchemaError: a table is missing from ``raw``, misses SPEC columns, or has a column of a type that cannot
+            be cast; one message lists every such problem.
+        InvalidInputError: ``strict`` is true and at least one row was rejected.
+    """
+    missing = [name for name in INPUT_TABLES if name not in raw]
+    problems = [f"missing input table(s): {', '.join(missing)} (all of {', '.join(INPUT_TABLES)} are needed)"]
+    problems = problems if missing else []
+    problems += [p for name in INPUT_TABLES if name in raw for p in _schema_problems(name, raw[name])]
+    if problems:
+        raise InputSchemaError("\n".join(problems))
+
+    groups = _check_cache_groups(raw["cache_groups"])
+    nodes = _check_nodes(raw["nodes"])
+    node_refs_df, group_refs_df = _node_references(nodes.df), _group_references(groups.df)
+    checked = {
+        "cache_groups": groups,
+        "nodes": nodes,
+        "topology_events": _check_topology_events(raw["topology_events"], node_refs_df, group_refs_df),
+        "partition_reports": _check_partition_reports(raw["partition_reports"], node_refs_df, group_refs_df),
+    }
+    exchange = F.lit(exchange_id).cast("bigint")
+    rejected_df = functools.reduce(
+        DataFrame.unionByName, [_rejected_rows(name, table, exchange) for name, table in checked.items()]
+    )
+    validated = Validated(valid={name: _valid_rows(name, t) for name, t in checked.items()}, rejected=rejected_df)
+    if strict:
+        _raise_if_rejected(validated.rejected)
+    return validated
+
+
+def _raise_if_rejected(rejected_df: DataFrame) -> None:
+    """Strict mode: one aggregate over the rejected rows; raise when there is any.
+
+    Raises:
+        InvalidInputError: with the count per table and the first reasons (alphabetically) of each.
+    """
+    summary = (
+        rejected_df.groupBy("table_name")
+        .agg(F.count("*").alias("n"), F.min_by("reason", "reason", _STRICT_EXAMPLES).alias("examples"))
+        .collect()
+    )
+    if not summary:
+        return
+    order = {name: i for i, name in enumerate(INPUT_TABLES)}
+    rows = sorted(summary, key=lambda r: order.get(r["table_name"], len(order)))
+    counts = {r["table_name"]: int(r["n"]) for r in rows}
+    total = sum(counts.values())
+    lines = [f"strict validation: {total} input row(s) rejected ({', '.join(f'{t}: {n}' for t, n in counts.items())})"]
+    for r in rows:
+        lines += [f"  {r['table_name']}: {reason}" for reason in r["examples"]]
+    lines.append("Fix these rows, or run with validation.strict = false to keep them in rejected_rows and go on.")
+    raise InvalidInputError("\n".join(lines), counts)
+
+
+def with_defaults(name: str, valid_df: DataFrame) -> DataFrame:
+    """Replace the nulls that SPEC section 2 gives a meaning by that meaning (for stages; validation keeps nulls).
+
+    ``cache_groups``: mode PARTITIONED, affinity rendezvous, loss_policy READ_WRITE_SAFE, persistent true,
+    partitioner ``ignite`` for the ignite affinity else ``murmur3``, exclude_neighbors false (our decision).
+    ``nodes``: capacity 1.0, is_client false (our decision: an unmarked node is a server). Other tables unchanged.
+
+    Args:
+        name: an input table name.
+        valid_df: rows of that table with the SPEC schema (normally ``Validated.valid[name]``).
+
+    Returns:
+        The same rows and columns with those defaults applied.
+
+    Raises:
+        InputSchemaError: ``name`` is not an input table.
+    """
+    if name not in INPUT_TABLES:
+        raise InputSchemaError(f"{name!r} is not an input table; input tables: {', '.join(INPUT_TABLES)}")
+    if name == "cache_groups":
+        affinity = F.coalesce(F.col("affinity"), F.lit("rendezvous"))
+        defaults: dict[str, Column] = {
+            "mode": F.coalesce(F.col("mode"), F.lit("PARTITIONED")),
+            "affinity": affinity,
+            "exclude_neighbors": F.coalesce(F.col("exclude_neighbors"), F.lit(False)),
+            "loss_policy": F.coalesce(F.col("loss_policy"), F.lit("READ_WRITE_SAFE")),
+            "persistent": F.coalesce(F.col("persistent"), F.lit(True)),
+            "partitioner": F.coalesce(
+                F.col("partitioner"), F.when(affinity == "ignite", "ignite").otherwise("murmur3")
+            ),
+        }
+    elif name == "nodes":
+        defaults = {
+            "capacity": F.coalesce(F.col("capacity"), F.lit(1.0)),
+            "is_client": F.coalesce(F.col("is_client"), F.lit(False)),
+        }
+    else:
+        return valid_df
+    return valid_df.withColumns(defaults)
