@@ -1,0 +1,200 @@
+"""Ideal assignment stage: which nodes should hold each partition of each cache group, per the group's affinity.
+
+Contract:
+- Input ``nodes_df``: the alive rows of the ``nodes`` table (SPEC section 2 columns; extra columns ignored). Rows
+  with ``is_client`` true are dropped here (clients hold no data). Input ``groups_df``: rows of ``cache_groups``
+  (null ``mode`` = PARTITIONED, null ``affinity`` = rendezvous, null ``exclude_neighbors`` = false, null
+  ``backup_filter`` = none).
+- Output :data:`IDEAL_ASSIGNMENT_STAGE`: one row per (group, partition, replica) with ``replica_index`` 0 the
+  primary; the exchange adds the version columns. A partition has min(backups + 1, nodes) rows (all nodes when
+  REPLICATED), fewer only where a ``backup_filter`` cannot be satisfied. No nodes (or no groups) gives an empty
+  result.
+- Exact and deterministic: every partition's list is computed by the kernels of ``rebalancer.affinity.rendezvous``
+  / ``.ignite`` through ``rebalancer.client.affinity.assign_indexes``, the same call the pure client makes; Spark
+  partitioning and batch sizes never change a value.
+
+How it runs: ``nodes`` and ``cache_groups`` are small dimension tables (thousands of rows at most), so they are
+collected to the driver once and shipped to the Python workers inside the ``mapInArrow`` closure. The work - one
+row per partition and node - is generated on the executors: ``spark.range`` yields one row per chunk of
+``settings.arrow_batch_rows`` consecutive (group, partition) positions, and each worker expands its chunks and
+ranks them with NumPy, emitting Arrow batches. No row-at-a-time Python, no shuffle, no per-partition data on the
+driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+from rebalancer.affinity.nodeset import NodeSet
+from rebalancer.client.affinity import (
+    MAX_PARTITIONS,
+    InvalidGroupSettingsError,
+    assign_indexes,
+    normalise_affinity,
+    normalise_mode,
+)
+from rebalancer.config import AffinitySettings
+
+__all__ = ["IDEAL_ASSIGNMENT_STAGE", "GroupAffinity", "ideal_assignment"]
+
+IDEAL_ASSIGNMENT_STAGE = StructType(
+    [
+        StructField("group_name", StringType(), nullable=False),
+        StructField("partition_id", IntegerType(), nullable=False),
+        StructField("replica_index", IntegerType(), nullable=False),
+        StructField("node_id", StringType(), nullable=False),
+    ]
+)
+_ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("group_name", pa.string(), nullable=False),
+        pa.field("partition_id", pa.int32(), nullable=False),
+        pa.field("replica_index", pa.int32(), nullable=False),
+        pa.field("node_id", pa.string(), nullable=False),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class GroupAffinity:
+    """One cache group's affinity settings, nulls resolved to SPEC defaults."""
+
+    group_name: str
+    partitions: int
+    backups: int
+    mode: str
+    affinity: str
+    exclude_neighbors: bool
+    backup_filter: tuple[str, ...]
+
+    @classmethod
+    def from_row(cls, row: dict[str, object]) -> GroupAffinity:
+        """Resolve a ``cache_groups`` row.
+
+        Raises:
+            InvalidGroupSettingsError: missing name, partitions outside 1..65536, negative or missing backups,
+                unknown mode or affinity. The message names the group.
+        """
+        name = row.get("group_name")
+        if not isinstance(name, str) or not name:
+            raise InvalidGroupSettingsError(f"cache group without a group_name: {row!r}")
+        partitions, backups = row.get("partitions"), row.get("backups")
+        try:
+            if not isinstance(partitions, int) or not 1 <= partitions <= MAX_PARTITIONS:
+                raise InvalidGroupSettingsError(f"partitions must be in 1..{MAX_PARTITIONS}, got {partitions!r}")
+            if not isinstance(backups, int) or backups < 0:
+                raise InvalidGroupSettingsError(f"backups must be >= 0, got {backups!r}")
+            mode = normalise_mode(row.get("mode"))  # type: ignore[arg-type]
+            affinity = normalise_affinity(row.get("affinity"))  # type: ignore[arg-type]
+        except InvalidGroupSettingsError as exc:
+            raise InvalidGroupSettingsError(f"cache group {name!r}: {exc}") from None
+        names = row.get("backup_filter") or ()
+        return cls(
+            group_name=name,
+            partitions=partitions,
+            backups=backups,
+            mode=mode,
+            affinity=affinity,
+            exclude_neighbors=bool(row.get("exclude_neighbors")),
+            backup_filter=tuple(names),  # type: ignore[arg-type]
+        )
+
+
+def _collect_inputs(nodes_df: DataFrame, groups_df: DataFrame) -> tuple[NodeSet, list[GroupAffinity]]:
+    """The two small dimension tables, on the driver (the only collect of this stage)."""
+    node_cols = ["node_id", "node_uuid", "node_order", "host", "attributes", "capacity"]
+    server_rows = (
+        nodes_df.where(~F.coalesce(F.col("is_client"), F.lit(False))).select(*node_cols).collect()
+    )
+    nodes = NodeSet.from_rows([r.asDict() for r in server_rows])
+    group_cols = ["group_name", "partitions", "backups", "mode", "affinity", "exclude_neighbors", "backup_filter"]
+    groups = [GroupAffinity.from_row(r.asDict()) for r in groups_df.select(*group_cols).collect()]
+    groups.sort(key=lambda g: g.group_name)
+    for first, second in zip(groups, groups[1:], strict=False):
+        if first.group_name == second.group_name:
+            raise InvalidGroupSettingsError(f"cache group {first.group_name!r} appears more than once")
+    return nodes, groups
+
+
+def _rank_chunks(
+    nodes: NodeSet, groups: list[GroupAffinity], chunk_rows: int, ids_as_strings: bool
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function: chunk ids in, assignment rows out. Closes over the shipped dimension data."""
+    offsets = np.cumsum([0] + [g.partitions for g in groups], dtype=np.int64)
+    total = int(offsets[-1])
+    node_ids = pa.array(nodes.node_ids, type=pa.string())
+    group_names = pa.array([g.group_name for g in groups], type=pa.string())
+
+    def rank(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for chunk in batch.column(0).to_numpy():
+                lo, hi = int(chunk) * chunk_rows, min(total, (int(chunk) + 1) * chunk_rows)
+                g = int(np.searchsorted(offsets, lo, side="right")) - 1
+                while g < len(groups) and offsets[g] < hi:
+                    group = groups[g]
+                    first = max(lo, int(offsets[g])) - int(offsets[g])
+                    last = min(hi, int(offsets[g + 1])) - int(offsets[g])
+                    matrix = assign_indexes(
+                        np.arange(first, last),
+                        nodes,
+                        group.backups,
+                        group.affinity,
+                        group.mode,
+                        group.exclude_neighbors,
+                        group.backup_filter,
+                        ids_as_strings,
+                    )
+                    # Row-major nonzero keeps (partition, replica) order; -1 slots (unsatisfiable filter) drop out.
+                    rows, replica = np.nonzero(matrix >= 0)
+                    if rows.size:
+                        yield pa.RecordBatch.from_arrays(
+                            [
+                                group_names.take(pa.array(np.full(rows.size, g, dtype=np.int32))),
+                                pa.array((rows + first).astype(np.int32)),
+                                pa.array(replica.astype(np.int32)),
+                                node_ids.take(pa.array(matrix[rows, replica])),
+                            ],
+                            schema=_ARROW_SCHEMA,
+                        )
+                    g += 1
+
+    return rank
+
+
+def ideal_assignment(nodes_df: DataFrame, groups_df: DataFrame, settings: AffinitySettings) -> DataFrame:
+    """The ideal assignment of every partition of every cache group.
+
+    Collects the two small dimension tables to the driver once (nodes and cache groups: at most thousands of rows)
+    and ships them to the workers; the partitions x nodes ranking itself runs on the executors as NumPy over Arrow
+    batches (``mapInArrow``).
+
+    Args:
+        nodes_df: alive nodes (``nodes`` columns); client rows are ignored.
+        groups_df: cache groups (``cache_groups`` columns).
+        settings: ``arrow_batch_rows`` (partitions per Arrow batch) and ``ignite_ids_as_strings``.
+
+    Returns:
+        DataFrame with schema :data:`IDEAL_ASSIGNMENT_STAGE`.
+
+    Raises:
+        InvalidGroupSettingsError: a group's settings are outside the contract (names the group).
+        rebalancer.affinity.nodeset.InvalidNodeSetError: duplicate node ids, invalid capacities or node UUIDs.
+    """
+    spark = nodes_df.sparkSession
+    nodes, groups = _collect_inputs(nodes_df, groups_df)
+    total = sum(g.partitions for g in groups)
+    if len(nodes) == 0 or total == 0:
+        return spark.createDataFrame([], IDEAL_ASSIGNMENT_STAGE)
+    chunk_rows = settings.arrow_batch_rows
+    chunks = -(-total // chunk_rows)
+    # spark.range's default slicing follows the session's default parallelism (one task per core locally).
+    return spark.range(chunks).mapInArrow(
+        _rank_chunks(nodes, groups, chunk_rows, settings.ignite_ids_as_strings), IDEAL_ASSIGNMENT_STAGE
+    )
