@@ -1,4 +1,4 @@
-"""spark-submit entry point: `spark-submit jobs/demo.py [--warehouse W] [--conf F] [options]` = `rebalancer demo`."""
+"""spark-submit entry point for `rebalancer demo`: `spark-submit jobs/demo.py [--warehouse W] [--conf F] [options]`."""
 
 import sys
 

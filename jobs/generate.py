@@ -1,4 +1,4 @@
-"""spark-submit entry point: `spark-submit jobs/generate.py [--warehouse W] [--conf F] [options]` = `rebalancer generate`."""
+"""spark-submit entry point for `rebalancer generate` (global options may come anywhere in argv)."""
 
 import sys
 

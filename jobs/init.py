@@ -1,4 +1,4 @@
-"""spark-submit entry point: `spark-submit jobs/init.py [--warehouse W] [--conf F] [options]` = `rebalancer init`."""
+"""spark-submit entry point for `rebalancer init`: `spark-submit jobs/init.py [--warehouse W] [--conf F] [options]`."""
 
 import sys
 

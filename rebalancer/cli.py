@@ -28,8 +28,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 @dataclass
@@ -163,6 +163,75 @@ def sql(
     state.warehouse.register_views()
     df = state.spark.sql(query)
     print_rows(df.columns, [tuple(r) for r in df.limit(limit + 1).collect()], limit)
+
+
+@app.command()
+def exchange(ctx: typer.Context) -> None:
+    """Process every pending event and the latest partition reports; commit the resulting topology versions."""
+    from rebalancer.exchange.job import run_exchange
+
+    state = _state(ctx)
+    with step("running the exchange"):
+        summaries = run_exchange(state.spark, state.warehouse, state.settings)
+    if not summaries:
+        console.print("nothing to do: no pending event and no late affinity switch due")
+    for s in summaries:
+        print_summary(s)
+
+
+def print_summary(s: Any) -> None:
+    """Print one exchange summary in a few readable lines."""
+    events = ", ".join(str(e) for e in s.merged_event_seqs) or "-"
+    console.print(
+        f"[bold]exchange {s.exchange_id}[/bold] -> version {s.topology_major}.{s.topology_minor} "
+        f"({s.exchange_type}; events {events}; coordinator {s.coordinator or '-'})"
+    )
+    console.print(f"  nodes: {s.alive_servers} servers, {s.alive_clients} clients; partitions: {s.partitions:,}")
+    console.print(
+        f"  lost: {s.lost_partitions:,}; moving copies: {s.moving_copies:,}; "
+        f"temporary primaries: {s.temporary_primaries:,}; counter conflicts: {s.counter_conflicts:,}"
+    )
+    console.print(f"  rebalance: {s.migrations:,} copies, {s.bytes_to_move / 2**30:,.2f} GiB to move")
+
+
+@app.command("export-affinity")
+def export_affinity_command(
+    ctx: typer.Context,
+    out: Annotated[Path, typer.Option("--out", help="JSON file to write (rebalancer-routing-v1).")],
+) -> None:
+    """Write the latest committed client routing map as JSON for partition-aware clients."""
+    from rebalancer.client.routing import RoutingMap
+    from rebalancer.operations import export_affinity
+
+    state = _state(ctx)
+    document = export_affinity(state.warehouse)
+    routing = RoutingMap.from_dict(document)  # validates before anything is written
+    routing.save(out)
+    major, minor = routing.version
+    console.print(f"wrote the routing map of version {major}.{minor} ({len(routing.groups())} groups) to {out}")
+
+
+@app.command()
+def route(
+    ctx: typer.Context,
+    group: Annotated[str, typer.Option("--group", help="Cache group.")],
+    keys: Annotated[list[str], typer.Argument(metavar="KEY...", help="Keys (strings; --int-keys for integers).")],
+    int_keys: Annotated[bool, typer.Option("--int-keys", help="Treat keys as integers.")] = False,
+) -> None:
+    """Print the partition, primary and backups of each key, from the latest committed routing map."""
+    from rebalancer.client.routing import RoutingMap
+    from rebalancer.operations import export_affinity
+
+    state = _state(ctx)
+    routing = RoutingMap.from_dict(export_affinity(state.warehouse))
+    major, minor = routing.version
+    rows = []
+    for raw in keys:
+        key: Any = int(raw) if int_keys else raw
+        nodes = routing.nodes(group, key)
+        rows.append((raw, routing.partition(group, key), nodes[0] if nodes else None, ", ".join(nodes[1:])))
+    console.print(f"version {major}.{minor}, group {group}")
+    print_rows(["key", "partition", "primary", "backups"], rows, len(rows))
 
 
 def print_rows(columns: list[str], rows: list[tuple[Any, ...]], limit: int) -> None:

@@ -23,6 +23,8 @@ __all__ = [
     "EventError",
     "append_event",
     "check_event",
+    "export_affinity",
+    "latest_committed_version",
     "generate_into",
     "load_generated_cluster",
     "validate_warehouse",
@@ -53,9 +55,10 @@ def load_generated_cluster(spark: SparkSession, warehouse: Warehouse, cluster: G
     Returns:
         Rows written per input table.
     """
-    warehouse.create_tables()
+    created = set(warehouse.create_tables())
     for name, schema in OUTPUT_TABLES.items():
-        warehouse.replace_where(name, spark.createDataFrame([], schema), {})
+        if name not in created:  # a table created just now is already empty: spare a commit
+            warehouse.replace_where(name, spark.createDataFrame([], schema), {})
     counts: dict[str, int] = {}
     for name, df in cluster.as_tables().items():
         warehouse.replace_where(name, df, {})
@@ -156,3 +159,41 @@ def validate_warehouse(warehouse: Warehouse, exchange_id: int | None = None, str
     if rejected.limit(1).count() > 0:
         warehouse.append("rejected_rows", rejected)
     return rejected
+
+
+def latest_committed_version(warehouse: Warehouse) -> tuple[int, int] | None:
+    """The newest committed topology version (the one whose ``exchanges`` row exists), or None."""
+    row = (
+        warehouse.read("exchanges")
+        .orderBy(F.col("topology_major").desc(), F.col("topology_minor").desc())
+        .select("topology_major", "topology_minor")
+        .limit(1)
+        .collect()
+    )
+    return (int(row[0][0]), int(row[0][1])) if row else None
+
+
+def export_affinity(warehouse: Warehouse, version: tuple[int, int] | None = None) -> dict[str, object]:
+    """The ``rebalancer-routing-v1`` routing document of a committed version (default: the latest).
+
+    Raises:
+        LookupError: no exchange has been committed yet, or the version given was never committed.
+    """
+    from rebalancer.exchange.routing import export_rows_to_json
+
+    latest = latest_committed_version(warehouse)
+    if latest is None:
+        raise LookupError("no exchange has been committed yet; run `rebalancer exchange` first")
+    major, minor = version or latest
+    committed = warehouse.read("exchanges").where(
+        (F.col("topology_major") == major) & (F.col("topology_minor") == minor)
+    )
+    if committed.limit(1).count() == 0:
+        raise LookupError(f"version {major}.{minor} was never committed; the latest is {latest[0]}.{latest[1]}")
+    rows = (
+        warehouse.read("client_affinity")
+        .where((F.col("topology_major") == major) & (F.col("topology_minor") == minor))
+        .collect()
+    )
+    groups = warehouse.read("cache_groups").select("group_name", "partitions", "affinity", "partitioner").collect()
+    return export_rows_to_json(rows, groups, (major, minor))

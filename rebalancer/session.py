@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from rebalancer.config import SparkSettings
 
 __all__ = ["LOCAL_SPARK_CONF", "get_spark"]
+
+_LOG4J = Path(__file__).with_name("log4j2.properties")
+_JAVA_OPTIONS = f"-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Duser.timezone=UTC -Dlog4j.configurationFile={_LOG4J}"
 
 # Applied only to sessions rebalancer builds itself.
 LOCAL_SPARK_CONF: dict[str, str] = {
@@ -25,8 +29,8 @@ LOCAL_SPARK_CONF: dict[str, str] = {
     "spark.sql.catalogImplementation": "in-memory",
     # delta-rs commits the parquet files Spark writes; Delta readers expect microsecond timestamps, not INT96.
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Duser.timezone=UTC",
-    "spark.executor.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Duser.timezone=UTC",
+    "spark.driver.extraJavaOptions": _JAVA_OPTIONS,
+    "spark.executor.extraJavaOptions": _JAVA_OPTIONS,
     "spark.sql.execution.arrow.pyspark.enabled": "true",
 }
 
@@ -48,6 +52,9 @@ def get_spark(settings: SparkSettings | None = None, extra_conf: dict[str, str] 
     # Python workers must run this interpreter, or mapInArrow workers miss pyarrow/numpy (FIELD-NOTES).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if settings.master.startswith("local"):
+        # A laptop's hostname often resolves to loopback; say so up front instead of a JVM warning per run.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = (
         SparkSession.builder.master(settings.master)
         .appName(settings.app_name)

@@ -1,0 +1,420 @@
+"""The exchange job: read pending events and new reports, commit one or more topology versions.
+
+Order of work for each exchange (each step is a pure stage; this module only wires them and does the I/O):
+
+1. validate inputs (bad rows -> ``rejected_rows``, once each), plan exchanges from pending events
+   (:mod:`rebalancer.exchange.versions`);
+2. ideal assignment of the running groups over alive servers (:mod:`rebalancer.affinity.ideal`);
+3. full map: previous map on alive nodes + reports newer than the previous version consumed
+   (:mod:`rebalancer.exchange.fullmap`);
+4. reset of lost partitions, counter validation, loss decisions (:mod:`counters`, :mod:`lost`);
+5. late affinity (:mod:`late_affinity`), MOVING rows for ideal nodes without a copy, surplus copies RENTING;
+6. rebalance demands as COPY rows of ``migration_plan`` (:mod:`demands`), client routing map (:mod:`routing`);
+7. write every output for the version (replacing rows a crashed run may have left), then the ``exchanges`` row.
+
+A version exists for readers only once its ``exchanges`` row is committed; a re-run after a crash recomputes the
+same version from the same inputs and replaces its partial rows, so nothing is duplicated. Two runs racing for
+the same version: the second to commit its ``exchanges`` row fails with :class:`ExchangeConflictError`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from rebalancer.affinity.ideal import ideal_assignment
+from rebalancer.config import Settings
+from rebalancer.exchange import counters, demands, fullmap, late_affinity, lost, routing
+from rebalancer.exchange.versions import (
+    Event,
+    ExchangeStep,
+    NodeInfo,
+    TopologyState,
+    coordinator_of,
+    plan_exchanges,
+)
+from rebalancer.storage import Warehouse
+from rebalancer.tables import EXCHANGES, INPUT_TABLES, OUTPUT_TABLES, REJECTED_ROWS, VERSION_COLUMNS
+from rebalancer.validation import validate_inputs, with_defaults
+
+__all__ = ["ExchangeConflictError", "ExchangeSummary", "run_exchange"]
+
+# Tables that hold one complete copy per committed version (everything but exchanges and rejected_rows).
+VERSIONED_TABLES = tuple(n for n in OUTPUT_TABLES if n not in ("exchanges", "rejected_rows"))
+
+
+class ExchangeConflictError(RuntimeError):
+    """Another exchange committed the same topology version first."""
+
+
+@dataclass(frozen=True)
+class ExchangeSummary:
+    """What one committed exchange did, for people (the CLI prints it) and for tests."""
+
+    exchange_id: int
+    topology_major: int
+    topology_minor: int
+    exchange_type: str
+    merged_event_seqs: tuple[int, ...]
+    coordinator: str | None
+    alive_servers: int
+    alive_clients: int
+    partitions: int = 0
+    lost_partitions: int = 0
+    moving_copies: int = 0
+    temporary_primaries: int = 0
+    counter_conflicts: int = 0
+    migrations: int = 0
+    bytes_to_move: int = 0
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Committed:
+    """The last committed version as the next exchange needs it."""
+
+    exchange_id: int
+    state: TopologyState
+    last_event_seq: int
+    max_report_seq: int | None
+
+
+def _with_version(df: DataFrame, major: int, minor: int) -> DataFrame:
+    return df.select(
+        F.lit(major).cast("long").alias("topology_major"), F.lit(minor).cast("int").alias("topology_minor"), "*"
+    )
+
+
+def _at_version(df: DataFrame, major: int, minor: int) -> DataFrame:
+    return df.where((F.col("topology_major") == major) & (F.col("topology_minor") == minor)).drop(*VERSION_COLUMNS)
+
+
+def _last_committed(warehouse: Warehouse) -> _Committed | None:
+    last = warehouse.read("exchanges").orderBy(F.col("exchange_id").desc()).limit(1).collect()
+    if not last:
+        return None
+    row = last[0]
+    seq_row = warehouse.read("exchanges").agg(F.max(F.array_max("merged_event_seqs"))).first()
+    topology = _at_version(warehouse.read("topology"), row.topology_major, row.topology_minor).collect()
+    alive = {t.node_id: NodeInfo(int(t.node_order), bool(t.is_client)) for t in topology}
+    state = TopologyState(row.topology_major, row.topology_minor, alive, frozenset(row.running_groups or []))
+    return _Committed(row.exchange_id, state, int(seq_row[0] or 0), row.max_report_seq)
+
+
+def _record_rejections(spark: SparkSession, warehouse: Warehouse, rejected_df: DataFrame) -> int:
+    """Append rejected rows not already recorded (a bad row is reported once, by the first exchange that saw it)."""
+    existing = warehouse.read("rejected_rows").select("table_name", "row_json", "reason")
+    new = rejected_df.join(existing, ["table_name", "row_json", "reason"], "left_anti").cache()
+    count = new.count()
+    if count:
+        warehouse.append("rejected_rows", new.select(*REJECTED_ROWS.fieldNames()))
+    new.unpersist()
+    return count
+
+
+def _event_rejections(spark: SparkSession, rejections: list[Any], exchange_id: int) -> DataFrame:
+    import json
+
+    rows = [
+        (
+            "topology_events",
+            json.dumps({"event_seq": r.event.event_seq, "event_type": r.event.event_type,
+                        "node_id": r.event.node_id, "group_name": r.event.group_name}),
+            r.reason,
+            exchange_id,
+        )
+        for r in rejections
+    ]
+    return spark.createDataFrame(rows, REJECTED_ROWS)
+
+
+def _materialize(df: DataFrame) -> DataFrame:
+    """Compute ``df`` once and cut its lineage (stages downstream read it several times)."""
+    return df.localCheckpoint(eager=True)
+
+
+def _groups_frame(spark: SparkSession, names: frozenset[str]) -> DataFrame:
+    return spark.createDataFrame([(g,) for g in sorted(names)], "group_name string")
+
+
+def _previous(warehouse: Warehouse, prev: _Committed | None, name: str) -> DataFrame:
+    """Table ``name`` at the previous committed version, without version columns (empty before the first)."""
+    df = warehouse.read(name)
+    if prev is None:
+        return df.limit(0).drop(*VERSION_COLUMNS)
+    return _at_version(df, prev.state.major, prev.state.minor)
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What every exchange of one run reads: validated inputs with SPEC defaults, and the newest report seq."""
+
+    nodes: DataFrame
+    groups: DataFrame
+    reports: DataFrame
+    latest_reports: DataFrame
+    max_report_seq: int | None
+
+
+def _compute(
+    spark: SparkSession,
+    warehouse: Warehouse,
+    settings: Settings,
+    inputs: _Inputs,
+    step: ExchangeStep,
+    prev: _Committed | None,
+    alive_df: DataFrame,
+) -> tuple[dict[str, DataFrame], dict[str, int]]:
+    """Every output of one data-affecting exchange (the call order of docs/EXCHANGE.md), and its summary counts."""
+    groups_df = inputs.groups.join(F.broadcast(_groups_frame(spark, step.groups)), "group_name")
+    alive_nodes_df = inputs.nodes.join(F.broadcast(alive_df.select("node_id")), "node_id")
+    ideal_df = _materialize(ideal_assignment(alive_nodes_df, groups_df, settings.affinity))
+    prev_map_df = _previous(warehouse, prev, "partition_map")
+    prev_assignment_df = _previous(warehouse, prev, "affinity_assignment").drop("is_temporary")
+    prev_lost_df = _previous(warehouse, prev, "lost_partitions")
+    reset_groups_df = _groups_frame(spark, step.reset_groups)
+    new_groups_df = _groups_frame(spark, step.new_groups)
+    prev_max = prev.max_report_seq if prev else None
+
+    prev_owned_df = prev_map_df.where(F.col("state") == "OWNING").select("group_name", "partition_id").distinct()
+    map_df = fullmap.base_map(prev_map_df, inputs.reports, alive_df, groups_df, prev_max)
+    map_df = _materialize(lost.apply_reset(map_df, reset_groups_df))
+    conflicts_df = _materialize(counters.find_counter_conflicts(map_df))
+    map_df = counters.apply_counter_resets(map_df)
+    lost_df = _materialize(
+        lost.find_lost(map_df, prev_owned_df, prev_lost_df, groups_df, reset_groups_df, new_groups_df)
+    )
+    map_df = _materialize(lost.apply_loss_decisions(map_df, lost_df, ideal_df, new_groups_df, reset_groups_df))
+    assignment_df = _materialize(late_affinity.late_affinity(ideal_df, prev_assignment_df, map_df, alive_df))
+    map_df = late_affinity.surplus_to_renting(map_df, assignment_df, ideal_df)
+    map_df = _materialize(demands.add_moving_targets(map_df, ideal_df))
+    plan_df = _materialize(
+        demands.rebalance_demands(ideal_df, map_df, inputs.latest_reports, settings.rebalance.history_threshold)
+    )
+    routing_df = routing.client_affinity(assignment_df, groups_df)
+
+    plan_totals = plan_df.agg(F.count(F.lit(1)), F.coalesce(F.sum("bytes"), F.lit(0))).first()
+    counts = {
+        "partitions": int(groups_df.agg(F.coalesce(F.sum("partitions"), F.lit(0))).first()[0]),
+        "lost_partitions": lost_df.count(),
+        "moving_copies": map_df.where(F.col("state") == "MOVING").count(),
+        "temporary_primaries": assignment_df.where(F.col("is_temporary") & (F.col("replica_index") == 0)).count(),
+        "counter_conflicts": conflicts_df.count(),
+        "migrations": int(plan_totals[0]),
+        "bytes_to_move": int(plan_totals[1]),
+    }
+    empty = {name: warehouse.read(name).limit(0).drop(*VERSION_COLUMNS)
+             for name in ("partition_versions", "partition_stamps")}
+    outputs = {
+        "ideal_assignment": ideal_df,
+        "affinity_assignment": assignment_df,
+        "partition_map": map_df,
+        "counter_conflicts": conflicts_df,
+        "lost_partitions": lost_df,
+        "migration_plan": plan_df,
+        "client_affinity": routing_df,
+        # per-partition versions and stamps come with the migration planner (issue: migration plans)
+        **empty,
+    }
+    return outputs, counts
+
+
+def _switch_is_due(
+    spark: SparkSession, warehouse: Warehouse, inputs: _Inputs, prev: _Committed
+) -> bool:
+    """Whether the committed assignment has temporary primaries whose ideal nodes now all own their copies."""
+    alive_df = _alive_frame(spark, prev.state)
+    groups_df = inputs.groups.join(F.broadcast(_groups_frame(spark, prev.state.groups)), "group_name")
+    prev_map_df = _previous(warehouse, prev, "partition_map")
+    map_df = fullmap.base_map(prev_map_df, inputs.reports, alive_df, groups_df, prev.max_report_seq)
+    map_df = counters.apply_counter_resets(map_df)
+    due = late_affinity.switch_due(
+        _previous(warehouse, prev, "ideal_assignment"),
+        _previous(warehouse, prev, "affinity_assignment"),
+        map_df,
+        prev_map_df,
+    ).first()
+    return bool(due is not None and due["due"])
+
+
+def _alive_frame(spark: SparkSession, state: TopologyState) -> DataFrame:
+    return spark.createDataFrame(
+        [(n, i.node_order, i.is_client) for n, i in sorted(state.alive.items())],
+        "node_id string, node_order bigint, is_client boolean",
+    )
+
+
+def run_exchange(
+    spark: SparkSession,
+    warehouse: Warehouse,
+    settings: Settings,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    fault_hook: Callable[[str], None] | None = None,
+) -> list[ExchangeSummary]:
+    """Process every pending event and the latest reports; commit the resulting versions.
+
+    Args:
+        spark: the session.
+        warehouse: where inputs are read and outputs written.
+        settings: rebalance threshold, validation strictness, affinity settings.
+        clock: the time source for ``started_at``/``finished_at`` (tests pin it).
+        fault_hook: called with a point name after each write (tests inject crashes here).
+
+    Returns:
+        One summary per committed exchange, in commit order (empty when nothing was due).
+
+    Raises:
+        ExchangeConflictError: another run committed the same exchange first.
+        InvalidInputError: strict validation found bad input rows.
+        InputSchemaError: an input table misses a column or has one of an unusable type.
+    """
+    hook = fault_hook or (lambda _point: None)
+    warehouse.create_tables()
+    raw = {name: warehouse.read_raw(name) for name in INPUT_TABLES}
+    prior = warehouse.read("exchanges").agg(F.max("exchange_id")).first()[0] or 0
+    validated = validate_inputs(raw, exchange_id=prior + 1, strict=settings.validation.strict)
+    _record_rejections(spark, warehouse, validated.rejected)
+    valid = validated.valid
+    nodes_df = with_defaults("nodes", valid["nodes"]).cache()
+    groups_df = with_defaults("cache_groups", valid["cache_groups"]).cache()
+    reports_df = valid["partition_reports"].cache()
+    node_catalog = {
+        r.node_id: NodeInfo(int(r.node_order), bool(r.is_client))
+        for r in nodes_df.select("node_id", "node_order", "is_client").collect()
+    }
+    group_catalog = [r.group_name for r in groups_df.select("group_name").collect()]
+    committed = _last_committed(warehouse)
+    state = committed.state if committed else TopologyState()
+    last_seq = committed.last_event_seq if committed else 0
+    pending = [
+        Event(r.event_seq, r.event_type, r.node_id, r.group_name)
+        for r in valid["topology_events"].where(F.col("event_seq") > last_seq).collect()
+    ]
+    steps, rejections = plan_exchanges(state, pending, node_catalog, group_catalog)
+    if rejections:
+        _record_rejections(spark, warehouse, _event_rejections(spark, rejections, prior + 1))
+    inputs = _Inputs(
+        nodes=nodes_df,
+        groups=groups_df,
+        reports=reports_df,
+        latest_reports=_materialize(fullmap.latest_reports(reports_df)),
+        max_report_seq=reports_df.agg(F.max("report_seq")).first()[0],
+    )
+    if not steps and committed is not None and _switch_is_due(spark, warehouse, inputs, committed):
+        steps = [
+            ExchangeStep(
+                state.major, state.minor + 1, "LATE_AFFINITY_SWITCH", (), state.alive, state.groups,
+                coordinator=coordinator_of(state.alive),
+            )
+        ]
+    summaries: list[ExchangeSummary] = []
+    prev = committed
+    for step in steps:
+        summary = _commit(spark, warehouse, settings, inputs, step, prev, clock, hook)
+        summaries.append(summary)
+        prev = _Committed(
+            summary.exchange_id,
+            TopologyState(step.major, step.minor, step.alive, step.groups),
+            max(step.merged_event_seqs, default=prev.last_event_seq if prev else 0),
+            inputs.max_report_seq,
+        )
+    for df in (nodes_df, groups_df, reports_df):
+        df.unpersist()
+    return summaries
+
+
+def _commit(
+    spark: SparkSession,
+    warehouse: Warehouse,
+    settings: Settings,
+    inputs: _Inputs,
+    step: ExchangeStep,
+    prev: _Committed | None,
+    clock: Callable[[], datetime],
+    hook: Callable[[str], None],
+) -> ExchangeSummary:
+    started = clock()
+    t0 = time.perf_counter()
+    exchange_id = (prev.exchange_id if prev else 0) + 1
+    major, minor = step.major, step.minor
+    alive_df = _alive_frame(spark, TopologyState(major, minor, step.alive, step.groups))
+    if step.exchange_type == "NONE" and prev is not None:
+        # Clients joined or left: no data work; the version repeats the previous one's placement.
+        outputs = {name: _previous(warehouse, prev, name) for name in VERSIONED_TABLES if name != "topology"}
+        counts = _previous_counts(warehouse, prev)
+    else:
+        outputs, counts = _compute(spark, warehouse, settings, inputs, step, prev, alive_df)
+    outputs["topology"] = alive_df
+    for name in VERSIONED_TABLES:
+        warehouse.replace_where(
+            name,
+            _with_version(outputs[name], major, minor).select(*OUTPUT_TABLES[name].fieldNames()),
+            {"topology_major": major, "topology_minor": minor},
+        )
+        hook(f"after:{name}")
+    servers = sum(1 for i in step.alive.values() if not i.is_client)
+    summary = ExchangeSummary(
+        exchange_id=exchange_id,
+        topology_major=major,
+        topology_minor=minor,
+        exchange_type=step.exchange_type,
+        merged_event_seqs=step.merged_event_seqs,
+        coordinator=step.coordinator,
+        alive_servers=servers,
+        alive_clients=len(step.alive) - servers,
+        seconds=time.perf_counter() - t0,
+        **counts,
+    )
+    _commit_exchange_row(spark, warehouse, summary, step, inputs.max_report_seq, started, clock())
+    hook("after:exchanges")
+    for df in outputs.values():
+        df.unpersist()
+    return summary
+
+
+_COUNT_FIELDS = (
+    "partitions", "lost_partitions", "moving_copies", "temporary_primaries", "counter_conflicts", "migrations",
+    "bytes_to_move",
+)
+
+
+def _previous_counts(warehouse: Warehouse, prev: _Committed) -> dict[str, int]:
+    row = warehouse.read("exchanges").where(F.col("exchange_id") == prev.exchange_id).first()
+    return {name: int(row[name] or 0) for name in _COUNT_FIELDS} if row else {}
+
+
+def _commit_exchange_row(
+    spark: SparkSession,
+    warehouse: Warehouse,
+    s: ExchangeSummary,
+    step: ExchangeStep,
+    max_report_seq: int | None,
+    started: datetime,
+    finished: datetime,
+) -> None:
+    """Commit the ``exchanges`` row: the moment the version starts to exist for readers.
+
+    Insert-if-absent on ``exchange_id`` (concurrent merges into one table conflict, and the loser re-runs against
+    the winner's row); reading the row back tells this run whether its row or a rival's was committed.
+    """
+    row = (
+        s.exchange_id, s.topology_major, s.topology_minor, s.exchange_type, list(s.merged_event_seqs),
+        s.coordinator, max_report_seq, started, finished, sorted(step.groups), s.alive_servers, s.alive_clients,
+        s.partitions, s.lost_partitions, s.moving_copies, s.temporary_primaries, s.counter_conflicts,
+        s.migrations, s.bytes_to_move, None, None,
+    )
+    warehouse.merge("exchanges", spark.createDataFrame([row], EXCHANGES), keys=["exchange_id"], insert_only=True)
+    committed = warehouse.read("exchanges").where(F.col("exchange_id") == s.exchange_id).collect()
+    # PySpark returns naive local datetimes; compare instants, not representations.
+    if len(committed) != 1 or abs(committed[0].started_at.timestamp() - started.timestamp()) > 1e-6:
+        raise ExchangeConflictError(
+            f"exchange {s.exchange_id} (version {s.topology_major}.{s.topology_minor}) was committed by another "
+            "run while this one worked; nothing was duplicated, run `rebalancer exchange` again to continue"
+        )

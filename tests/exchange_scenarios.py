@@ -1,0 +1,96 @@
+"""Helpers for exchange scenario tests: build a warehouse from hand-written rows, run exchanges, read versions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from rebalancer.config import Settings
+from rebalancer.exchange.job import ExchangeSummary, run_exchange
+from rebalancer.storage import Warehouse, open_warehouse
+from rebalancer.tables import CACHE_GROUPS, NODES, PARTITION_REPORTS, TOPOLOGY_EVENTS
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@dataclass
+class Cluster:
+    """A warehouse under test with helpers named after what a cluster does."""
+
+    spark: SparkSession
+    warehouse: Warehouse
+    settings: Settings
+    _seq: int = 0
+    _report_seq: int = 0
+    _order: int = 0
+    _ticks: int = field(default=0)
+
+    @classmethod
+    def create(cls, spark: SparkSession, path: Path, **overrides: dict[str, Any]) -> Cluster:
+        settings = Settings().with_overrides(storage={"warehouse": str(path)}, **overrides)
+        warehouse = open_warehouse(spark, settings.storage)
+        warehouse.create_tables()
+        return cls(spark, warehouse, settings)
+
+    def clock(self) -> datetime:
+        self._ticks += 1
+        return T0 + timedelta(seconds=self._ticks)
+
+    def group(self, name: str, partitions: int, backups: int, loss_policy: str | None = None,
+              mode: str | None = None, affinity: str | None = None) -> None:
+        row = (name, partitions, backups, mode, affinity, None, None, loss_policy, True, None)
+        self.warehouse.append("cache_groups", self.spark.createDataFrame([row], CACHE_GROUPS))
+
+    def node(self, node_id: str, host: str | None = None, client: bool = False) -> None:
+        self._order += 1
+        row = (node_id, None, self._order, host or f"h-{node_id}", {}, 1.0, client)
+        self.warehouse.append("nodes", self.spark.createDataFrame([row], NODES))
+
+    def event(self, event_type: str, node: str | None = None, group: str | None = None) -> int:
+        self._seq += 1
+        row = (self._seq, event_type, node, group, T0 + timedelta(seconds=self._seq))
+        self.warehouse.append("topology_events", self.spark.createDataFrame([row], TOPOLOGY_EVENTS))
+        return self._seq
+
+    def join(self, *node_ids: str, client: bool = False) -> None:
+        for node_id in node_ids:
+            self.node(node_id, client=client)
+            self.event("NODE_JOINED", node=node_id)
+
+    def report(self, rows: list[tuple[str, str, int, str, int, int, int | None]]) -> None:
+        """Reports ``(node, group, partition, state, counter, size, wal_history_counter)``; bytes = 10 x size."""
+        out = []
+        for node, group, partition, state, counter, size, wal in rows:
+            self._report_seq += 1
+            out.append((node, group, partition, state, counter, size, size * 10, wal, self._report_seq))
+        self.warehouse.append("partition_reports", self.spark.createDataFrame(out, PARTITION_REPORTS))
+
+    def exchange(self, **kwargs: Any) -> list[ExchangeSummary]:
+        return run_exchange(self.spark, self.warehouse, self.settings, clock=self.clock, **kwargs)
+
+    def table(self, name: str, version: tuple[int, int]) -> DataFrame:
+        major, minor = version
+        return (
+            self.warehouse.read(name)
+            .where((F.col("topology_major") == major) & (F.col("topology_minor") == minor))
+            .drop("topology_major", "topology_minor")
+        )
+
+    def rows(self, name: str, version: tuple[int, int], *columns: str) -> set[tuple[Any, ...]]:
+        df = self.table(name, version)
+        return {tuple(r) for r in df.select(*(columns or df.columns)).collect()}
+
+
+def assert_table(cluster: Cluster, name: str, version: tuple[int, int], columns: list[str],
+                 expected: list[tuple[Any, ...]]) -> None:
+    """Exact rows (on ``columns``) of table ``name`` at ``version``, compared with chispa (order ignored)."""
+    from chispa import assert_df_equality
+
+    actual = cluster.table(name, version).select(*columns)
+    expected_df = cluster.spark.createDataFrame(expected, actual.schema)
+    assert_df_equality(actual, expected_df, ignore_row_order=True, ignore_nullable=True)
