@@ -1,7 +1,8 @@
 """``rebalancer demo``: the main job end to end on the embedded default (local Spark, local Delta warehouse).
 
-Today it generates a steady cluster, validates the inputs and shows how data and primaries spread over nodes.
-The exchange, migration plan and twin simulation join it as they land.
+It generates a steady cluster, validates the inputs, shows how data and primaries spread over nodes, then runs the
+partition map exchange through a node failure and a node join, printing what each exchange decided.
+The migration planner and the twin simulation join it as they land.
 """
 
 from __future__ import annotations
@@ -60,7 +61,27 @@ def run_demo(state: CliState, nodes: int, groups: int, partitions: int, backups:
             f"  replicas per node: min {min(replicas):,}, mean {mean:,.1f}, max {max(replicas):,} "
             f"(max/mean {max(replicas) / mean:.3f}); total {_gib(sum(r.bytes or 0 for r in rows))}"
         )
-    console.print("\nnext:")
+    from rebalancer.cli import print_summary
+    from rebalancer.exchange.job import run_exchange
+    from rebalancer.operations import append_event
+
+    victim, newcomer = "node3", f"node{nodes}"
+    for title, event in (
+        ("first exchange: the nodes join", None),
+        (f"{victim} fails", ("NODE_FAILED", victim)),
+        (f"{newcomer} joins", ("NODE_JOINED", newcomer)),
+    ):
+        if event is not None:
+            append_event(spark, warehouse, event[0], node_id=event[1], zone="zone0")
+        with step(f"exchange: {title}"):
+            summaries = run_exchange(spark, warehouse, settings)
+        for summary in summaries:
+            print_summary(summary)
+
     location = warehouse.location
-    console.print(f"  rebalancer --warehouse {location} sql \"SELECT state, count(*) FROM partition_reports GROUP BY state\"")
-    console.print(f"  rebalancer --warehouse {location} event NODE_FAILED --node node3")
+    console.print("\nnext:")
+    console.print(f"  rebalancer --warehouse {location} sql \"SELECT exchange_id, topology_major, topology_minor, "
+                  "exchange_type, lost_partitions, moving_copies, migrations FROM exchanges ORDER BY exchange_id\"")
+    console.print(f"  rebalancer --warehouse {location} sql \"SELECT target_node, count(*), sum(bytes) FROM "
+                  "migration_plan GROUP BY target_node\"")
+    console.print(f"  rebalancer --warehouse {location} route --group group0 user-42 order-7")

@@ -29,7 +29,13 @@ def spark() -> Iterator[object]:
 
     session = get_spark(
         SparkSettings(master="local[2]", shuffle_partitions=2, driver_memory="2g", app_name="rebalancer-tests"),
-        extra_conf={"spark.default.parallelism": "2"},
+        extra_conf={
+            "spark.default.parallelism": "2",
+            # Interpreted execution for the suite's tiny frames: each new query shape otherwise spends 1-3 s
+            # compiling generated code (the same query runs in 0.1 s the second time). Results do not depend on it.
+            "spark.sql.codegen.wholeStage": "false",
+            "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+        },
     )
     yield session
     session.stop()

@@ -81,3 +81,34 @@ def test_job_entry_point_accepts_global_options_anywhere(spark: Any, tmp_path: P
         run_job("generate", ["--nodes", "2", f"--warehouse={w}", "--groups", "1", "--partitions", "4"])
     assert exit_info.value.code == 0
     assert "wrote 2 nodes" in capsys.readouterr().out
+
+
+def test_exchange_export_affinity_and_route(spark: Any, tmp_path: Path, capsys: Any) -> None:
+    from rebalancer.client.routing import RoutingMap
+
+    w = str(tmp_path / "w")
+    code, out, err = run(capsys, "--warehouse", w, "route", "--group", "group0", "k")
+    assert code == 1 and "create it first (rebalancer init" in err
+    run(capsys, "--warehouse", w, "init")
+    code, out, err = run(capsys, "--warehouse", w, "route", "--group", "group0", "k")
+    assert code == 1 and "run `rebalancer exchange` first" in err
+    run(capsys, "--warehouse", w, "generate", "--nodes", "3", "--groups", "2", "--partitions", "8")
+    code, out, _ = run(capsys, "--warehouse", w, "exchange")
+    assert code == 0
+    assert "exchange 1 -> version 3.0 (ALL; events 1, 2, 3; coordinator node0)" in out
+    assert "lost: 0; moving copies: 0" in out
+    code, out, _ = run(capsys, "--warehouse", w, "exchange")
+    assert "nothing to do" in out
+
+    target = tmp_path / "routing.json"
+    code, out, _ = run(capsys, "--warehouse", w, "export-affinity", "--out", str(target))
+    assert code == 0 and "version 3.0 (2 groups)" in out
+    routing = RoutingMap.load(target)
+    assert routing.version == (3, 0) and routing.groups() == ["group0", "group1"]
+
+    code, out, _ = run(capsys, "--warehouse", w, "route", "--group", "group1", "user-42", "order-7")
+    assert code == 0
+    for key in ("user-42", "order-7"):
+        nodes = routing.nodes("group1", key)
+        line = next(line for line in out.splitlines() if key in line)
+        assert str(routing.partition("group1", key)) in line and nodes[0] in line

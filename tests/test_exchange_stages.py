@@ -6,7 +6,6 @@ helper :func:`run_stages` calls the stages in the order the orchestrator must us
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,24 +27,6 @@ PARTS_DDL = "group_name string, partition_id int"
 
 OW, MV, RT, EV, LS = "OWNING", "MOVING", "RENTING", "EVICTED", "LOST"
 RWS, ROS, IGN = "READ_WRITE_SAFE", "READ_ONLY_SAFE", "IGNORE"
-
-
-# Interpreted execution for these tiny frames: each new query shape otherwise spends 1-3 s compiling generated code
-# (measured: the same query runs in 0.1 s the second time). Results do not depend on it; restored afterwards.
-_FAST_TINY_QUERIES = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _interpreted(spark: SparkSession) -> Iterator[None]:
-    previous = {key: spark.conf.get(key, None) for key in _FAST_TINY_QUERIES}
-    for key, value in _FAST_TINY_QUERIES.items():
-        spark.conf.set(key, value)
-    yield
-    for key, value in previous.items():
-        if value is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, value)
 
 
 def same(actual: DataFrame, expected: DataFrame) -> None:

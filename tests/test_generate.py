@@ -79,7 +79,12 @@ def test_hosts_group_neighbours(spark: Any) -> None:
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [((0, 1, 8, 1), "--nodes"), ((1, 0, 8, 1), "--groups"), ((1, 1, 0, 1), "--partitions"), ((1, 1, 8, -1), "--backups")],
+    [
+        ((0, 1, 8, 1), "--nodes"),
+        ((1, 0, 8, 1), "--groups"),
+        ((1, 1, 0, 1), "--partitions"),
+        ((1, 1, 8, -1), "--backups"),
+    ],
 )
 def test_bad_sizes_are_refused(spark: Any, args: tuple[int, int, int, int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
