@@ -1,5 +1,5 @@
 # rebalancer: two set-up commands on a fresh machine (Python 3.11 + Java 17): `make demo` and `make test`.
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 .PHONY: install demo test test-all soak lint bench bench-quick clean
 
 $(STAMP): pyproject.toml
-	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "$(PYTHON) not found; run: make PYTHON=python3 ..."; exit 1; }
+	@test -n "$(PYTHON)" || { echo "Python 3.11 not found (tried python3.11, python3)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test,dev]"
