@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-all soak lint bench bench-quick clean
+.PHONY: install demo test test-all soak lint bench clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 not found (tried python3.11, python3)"; exit 1; }
@@ -23,6 +23,9 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m ""
+
+soak: $(STAMP)
+	HYPOTHESIS_PROFILE=soak $(PY) -m pytest -q -m ""
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rebalancer tests bench jobs
