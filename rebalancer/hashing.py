@@ -101,7 +101,10 @@ def java_string_hash(text: str) -> int:
 
 
 def java_uuid_hash(text: str) -> int:
-    """Java ``UUID.hashCode()`` of a canonical UUID string: ``(int)(hilo >> 32) ^ (int) hilo`` with ``hilo = msb ^ lsb``."""
+    """Java ``UUID.hashCode()`` of a canonical UUID string.
+
+    Java: ``hilo = msb ^ lsb; return (int) (hilo >> 32) ^ (int) hilo``.
+    """
     value = uuid.UUID(text).int
     msb, lsb = value >> 64, value & ((1 << 64) - 1)
     hilo = msb ^ lsb

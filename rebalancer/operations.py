@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rebalancer.config import Settings
+from rebalancer.frames import scalar
 from rebalancer.generate import GeneratedCluster, generate_cluster
 from rebalancer.storage import Warehouse
 from rebalancer.tables import INPUT_TABLES, NODES, OUTPUT_TABLES, SCHEMAS, TOPOLOGY_EVENTS
@@ -132,15 +133,15 @@ def append_event(
     node_added = False
     if event_type == "NODE_JOINED":
         nodes_df = warehouse.read("nodes")
-        known = nodes_df.where(F.col("node_id") == node_id).limit(1).count() > 0
+        known = nodes_df.where(F.col("node_id") == F.lit(node_id)).limit(1).count() > 0
         if not known:
-            next_order = nodes_df.agg(F.coalesce(F.max("node_order"), F.lit(0))).first()[0] + 1
+            next_order = scalar(nodes_df.agg(F.coalesce(F.max("node_order"), F.lit(0)))) + 1
             attributes = {"zone": zone} if zone else {}
-            row = (node_id, None, next_order, host or f"host-{node_id}", attributes, 1.0, is_client)
-            warehouse.append("nodes", spark.createDataFrame([row], NODES))
+            node_row = (node_id, None, next_order, host or f"host-{node_id}", attributes, 1.0, is_client)
+            warehouse.append("nodes", spark.createDataFrame([node_row], NODES))
             node_added = True
     events_df = warehouse.read("topology_events")
-    next_seq = events_df.agg(F.coalesce(F.max("event_seq"), F.lit(0))).first()[0] + 1
+    next_seq = scalar(events_df.agg(F.coalesce(F.max("event_seq"), F.lit(0)))) + 1
     event_time = now or datetime.now(UTC)
     row = (next_seq, event_type, node_id, group_name, event_time)
     warehouse.append("topology_events", spark.createDataFrame([row], TOPOLOGY_EVENTS))

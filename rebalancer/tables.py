@@ -34,15 +34,15 @@ def _schema(*fields: tuple[str, DataType]) -> StructType:
     return StructType([StructField(name, dtype, nullable=True) for name, dtype in fields])
 
 
-S, I, L, D, B, T = StringType(), IntegerType(), LongType(), DoubleType(), BooleanType(), TimestampType()
+S, INT, L, D, B, T = StringType(), IntegerType(), LongType(), DoubleType(), BooleanType(), TimestampType()
 VERSION_COLUMNS = ("topology_major", "topology_minor")
-_VERSION = (("topology_major", L), ("topology_minor", I))
+_VERSION = (("topology_major", L), ("topology_minor", INT))
 
 # ---- input tables (SPEC section 2) ----
 CACHE_GROUPS = _schema(
     ("group_name", S),
-    ("partitions", I),
-    ("backups", I),
+    ("partitions", INT),
+    ("backups", INT),
     ("mode", S),
     ("affinity", S),
     ("exclude_neighbors", B),
@@ -70,7 +70,7 @@ TOPOLOGY_EVENTS = _schema(
 PARTITION_REPORTS = _schema(
     ("node_id", S),
     ("group_name", S),
-    ("partition_id", I),
+    ("partition_id", INT),
     ("state", S),
     ("update_counter", L),
     ("size", L),
@@ -91,8 +91,8 @@ EXCHANGES = _schema(
     ("finished_at", T),
     # the team's design (docs/DESIGN.md): the running groups, which the next exchange starts from, and a summary
     ("running_groups", ArrayType(S)),
-    ("alive_servers", I),
-    ("alive_clients", I),
+    ("alive_servers", INT),
+    ("alive_clients", INT),
     ("partitions", L),
     ("lost_partitions", L),
     ("moving_copies", L),
@@ -105,20 +105,20 @@ EXCHANGES = _schema(
 )
 TOPOLOGY = _schema(*_VERSION, ("node_id", S), ("node_order", L), ("is_client", B))
 IDEAL_ASSIGNMENT = _schema(
-    *_VERSION, ("group_name", S), ("partition_id", I), ("replica_index", I), ("node_id", S)
+    *_VERSION, ("group_name", S), ("partition_id", INT), ("replica_index", INT), ("node_id", S)
 )
 AFFINITY_ASSIGNMENT = _schema(
     *_VERSION,
     ("group_name", S),
-    ("partition_id", I),
-    ("replica_index", I),
+    ("partition_id", INT),
+    ("replica_index", INT),
     ("node_id", S),
     ("is_temporary", B),
 )
 PARTITION_MAP = _schema(
     *_VERSION,
     ("group_name", S),
-    ("partition_id", I),
+    ("partition_id", INT),
     ("node_id", S),
     ("state", S),
     ("update_counter", L),
@@ -128,7 +128,7 @@ PARTITION_MAP = _schema(
 COUNTER_CONFLICTS = _schema(
     *_VERSION,
     ("group_name", S),
-    ("partition_id", I),
+    ("partition_id", INT),
     ("node_id", S),
     ("update_counter", L),
     ("max_update_counter", L),
@@ -138,7 +138,7 @@ COUNTER_CONFLICTS = _schema(
 LOST_PARTITIONS = _schema(
     *_VERSION,
     ("group_name", S),
-    ("partition_id", I),
+    ("partition_id", INT),
     ("loss_policy", S),
     ("read_allowed", B),
     ("write_allowed", B),
@@ -147,8 +147,8 @@ MIGRATION_PLAN = _schema(
     *_VERSION,
     ("migration_id", L),
     ("group_name", S),
-    ("partition_id", I),
-    ("step", I),
+    ("partition_id", INT),
+    ("step", INT),
     ("action", S),
     ("source_node", S),
     ("target_node", S),
@@ -156,19 +156,19 @@ MIGRATION_PLAN = _schema(
     ("from_counter", L),
     ("to_counter", L),
     ("bytes", L),
-    ("wave", I),
+    ("wave", INT),
     ("est_start_s", D),
     ("est_end_s", D),
 )
 PARTITION_VERSIONS = _schema(
-    *_VERSION, ("group_name", S), ("partition_id", I), ("partition_version", L)
+    *_VERSION, ("group_name", S), ("partition_id", INT), ("partition_version", L)
 )
 PARTITION_STAMPS = _schema(*_VERSION, ("group_name", S), ("stamp", L))
 CLIENT_AFFINITY = _schema(
     *_VERSION,
-    ("mapping_id", I),
+    ("mapping_id", INT),
     ("group_names", ArrayType(S)),
-    ("partition_id", I),
+    ("partition_id", INT),
     ("primary_node", S),
     ("backup_nodes", ArrayType(S)),
 )

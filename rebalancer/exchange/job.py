@@ -19,11 +19,11 @@ the same version: the second to commit its ``exchanges`` row fails with :class:`
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -35,10 +35,12 @@ from rebalancer.exchange.versions import (
     Event,
     ExchangeStep,
     NodeInfo,
+    Rejection,
     TopologyState,
     coordinator_of,
     plan_exchanges,
 )
+from rebalancer.frames import scalar
 from rebalancer.storage import Warehouse
 from rebalancer.tables import EXCHANGES, INPUT_TABLES, OUTPUT_TABLES, REJECTED_ROWS, VERSION_COLUMNS
 from rebalancer.validation import validate_inputs, with_defaults
@@ -73,7 +75,6 @@ class ExchangeSummary:
     migrations: int = 0
     bytes_to_move: int = 0
     seconds: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -101,14 +102,14 @@ def _last_committed(warehouse: Warehouse) -> _Committed | None:
     if not last:
         return None
     row = last[0]
-    seq_row = warehouse.read("exchanges").agg(F.max(F.array_max("merged_event_seqs"))).first()
+    last_event_seq = scalar(warehouse.read("exchanges").agg(F.max(F.array_max("merged_event_seqs"))))
     topology = _at_version(warehouse.read("topology"), row.topology_major, row.topology_minor).collect()
     alive = {t.node_id: NodeInfo(int(t.node_order), bool(t.is_client)) for t in topology}
     state = TopologyState(row.topology_major, row.topology_minor, alive, frozenset(row.running_groups or []))
-    return _Committed(row.exchange_id, state, int(seq_row[0] or 0), row.max_report_seq)
+    return _Committed(row.exchange_id, state, int(last_event_seq or 0), row.max_report_seq)
 
 
-def _record_rejections(spark: SparkSession, warehouse: Warehouse, rejected_df: DataFrame) -> int:
+def _record_rejections(warehouse: Warehouse, rejected_df: DataFrame) -> int:
     """Append rejected rows not already recorded (a bad row is reported once, by the first exchange that saw it)."""
     existing = warehouse.read("rejected_rows").select("table_name", "row_json", "reason")
     new = rejected_df.join(existing, ["table_name", "row_json", "reason"], "left_anti").cache()
@@ -119,9 +120,7 @@ def _record_rejections(spark: SparkSession, warehouse: Warehouse, rejected_df: D
     return count
 
 
-def _event_rejections(spark: SparkSession, rejections: list[Any], exchange_id: int) -> DataFrame:
-    import json
-
+def _event_rejections(spark: SparkSession, rejections: list[Rejection], exchange_id: int) -> DataFrame:
     rows = [
         (
             "topology_events",
@@ -200,9 +199,9 @@ def _compute(
     )
     routing_df = routing.client_affinity(assignment_df, groups_df)
 
-    plan_totals = plan_df.agg(F.count(F.lit(1)), F.coalesce(F.sum("bytes"), F.lit(0))).first()
+    plan_totals = plan_df.agg(F.count(F.lit(1)), F.coalesce(F.sum("bytes"), F.lit(0))).collect()[0]
     counts = {
-        "partitions": int(groups_df.agg(F.coalesce(F.sum("partitions"), F.lit(0))).first()[0]),
+        "partitions": int(scalar(groups_df.agg(F.coalesce(F.sum("partitions"), F.lit(0))))),
         "lost_partitions": lost_df.count(),
         "moving_copies": map_df.where(F.col("state") == "MOVING").count(),
         "temporary_primaries": assignment_df.where(F.col("is_temporary") & (F.col("replica_index") == 0)).count(),
@@ -278,9 +277,9 @@ def run_exchange(
     hook = fault_hook or (lambda _point: None)
     warehouse.create_tables()
     raw = {name: warehouse.read_raw(name) for name in INPUT_TABLES}
-    prior = warehouse.read("exchanges").agg(F.max("exchange_id")).first()[0] or 0
+    prior = scalar(warehouse.read("exchanges").agg(F.max("exchange_id"))) or 0
     validated = validate_inputs(raw, exchange_id=prior + 1, strict=settings.validation.strict)
-    _record_rejections(spark, warehouse, validated.rejected)
+    _record_rejections(warehouse, validated.rejected)
     valid = validated.valid
     nodes_df = with_defaults("nodes", valid["nodes"]).cache()
     groups_df = with_defaults("cache_groups", valid["cache_groups"]).cache()
@@ -299,13 +298,13 @@ def run_exchange(
     ]
     steps, rejections = plan_exchanges(state, pending, node_catalog, group_catalog)
     if rejections:
-        _record_rejections(spark, warehouse, _event_rejections(spark, rejections, prior + 1))
+        _record_rejections(warehouse, _event_rejections(spark, rejections, prior + 1))
     inputs = _Inputs(
         nodes=nodes_df,
         groups=groups_df,
         reports=reports_df,
         latest_reports=_materialize(fullmap.latest_reports(reports_df)),
-        max_report_seq=reports_df.agg(F.max("report_seq")).first()[0],
+        max_report_seq=scalar(reports_df.agg(F.max("report_seq"))),
     )
     if not steps and committed is not None and _switch_is_due(spark, warehouse, inputs, committed):
         steps = [
