@@ -215,3 +215,36 @@ def test_rerun_after_a_crash_between_writes_commits_the_version_once(
     assert len(c.table("affinity_assignment", (4, 0)).collect()) == 6  # no duplicated rows
     assert len(c.table("topology", (4, 0)).collect()) == 2
     assert c.exchange() == []
+
+
+def test_two_concurrent_runs_commit_one_version_and_one_clear_error(spark: Any, tmp_path: Path) -> None:
+    import threading
+
+    from rebalancer.exchange.job import ExchangeConflictError
+
+    c = steady_three_nodes(spark, tmp_path / "w")
+    c.event("NODE_FAILED", node="n2")
+    both_computed = threading.Barrier(2, timeout=300)
+    results: dict[str, Any] = {}
+
+    def hold_before_commit(point: str) -> None:
+        if point == "after:client_affinity":  # the last output: both runs now hold version 4.0, uncommitted
+            both_computed.wait()
+
+    def run(name: str) -> None:
+        try:
+            results[name] = c.exchange(fault_hook=hold_before_commit)
+        except Exception as exc:  # noqa: BLE001 - the test inspects what each run ended with
+            results[name] = exc
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    outcomes = sorted(results.values(), key=lambda r: isinstance(r, Exception))
+    assert isinstance(outcomes[0], list) and [s.topology_major for s in outcomes[0]] == [4], results
+    assert isinstance(outcomes[1], ExchangeConflictError), results
+    assert "committed by another run" in str(outcomes[1])
+    assert len(c.rows("exchanges", (4, 0), "exchange_id")) == 1
+    assert len(c.table("affinity_assignment", (4, 0)).collect()) == 6
