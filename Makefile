@@ -33,6 +33,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/affinity.py
+	$(PY) bench/exchange.py
 
 clean:
 	rm -rf $(VENV) warehouse spark-warehouse build *.egg-info

@@ -322,11 +322,22 @@ def run_exchange(
             summary.exchange_id,
             TopologyState(step.major, step.minor, step.alive, step.groups),
             max(step.merged_event_seqs, default=prev.last_event_seq if prev else 0),
-            inputs.max_report_seq,
+            _consumed_report_seq(step, prev, inputs),
         )
     for df in (nodes_df, groups_df, reports_df):
         df.unpersist()
     return summaries
+
+
+def _consumed_report_seq(step: ExchangeStep, prev: _Committed | None, inputs: _Inputs) -> int | None:
+    """The ``max_report_seq`` a version records: the newest report it applied.
+
+    A ``NONE`` exchange repeats the previous placement and applies no report, so it keeps the previous value;
+    recording the newest one would make the next exchange skip reports that no map ever applied.
+    """
+    if step.exchange_type == "NONE" and prev is not None:
+        return prev.max_report_seq
+    return inputs.max_report_seq
 
 
 def _commit(
@@ -371,7 +382,9 @@ def _commit(
         seconds=time.perf_counter() - t0,
         **counts,
     )
-    _commit_exchange_row(spark, warehouse, summary, step, inputs.max_report_seq, started, clock())
+    _commit_exchange_row(
+        spark, warehouse, summary, step, _consumed_report_seq(step, prev, inputs), started, clock()
+    )
     hook("after:exchanges")
     for df in outputs.values():
         df.unpersist()
