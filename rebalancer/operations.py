@@ -17,10 +17,9 @@ from rebalancer.frames import scalar
 from rebalancer.generate import GeneratedCluster, generate_cluster
 from rebalancer.storage import Warehouse
 from rebalancer.tables import INPUT_TABLES, NODES, OUTPUT_TABLES, SCHEMAS, TOPOLOGY_EVENTS
-from rebalancer.validation import validate_inputs
+from rebalancer.validation import EVENT_TYPES, GROUP_EVENTS, NODE_EVENTS, validate_inputs
 
 __all__ = [
-    "EVENT_TYPES",
     "EventError",
     "append_event",
     "check_event",
@@ -30,18 +29,6 @@ __all__ = [
     "load_generated_cluster",
     "validate_warehouse",
 ]
-
-EVENT_TYPES = (
-    "NODE_JOINED",
-    "NODE_LEFT",
-    "NODE_FAILED",
-    "CACHE_STARTED",
-    "CACHE_STOPPED",
-    "RESET_LOST_PARTITIONS",
-)
-NODE_EVENTS = ("NODE_JOINED", "NODE_LEFT", "NODE_FAILED")
-GROUP_EVENTS = ("CACHE_STARTED", "CACHE_STOPPED", "RESET_LOST_PARTITIONS")
-
 
 class EventError(ValueError):
     """An event given on the command line is incomplete or of an unknown type."""
