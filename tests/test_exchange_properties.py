@@ -3,7 +3,7 @@
 Each example builds a small steady cluster (2-5 servers ``n1..``, 1-2 groups ``g0``/``g1`` of 2-6 partitions with
 0-2 backups and a random loss policy; every ideal replica reports OWNING at counter 10 before the first exchange),
 then applies 1-4 random steps, running the exchange after a step when the example says so (one step in three, and
-always after the last one), so some steps are merged into one run:
+always after the last one; skipped when no event or report is new), so some steps are merged into one run:
 
 - ``fail``: an alive server fails or leaves (never the last one);
 - ``join``: a new server joins;
@@ -105,22 +105,28 @@ def test_exchange_invariants_hold_on_random_clusters_and_events(
     run(c, committed)
     assert len(committed) == 1
     new_servers, clients = itertools.count(servers + 1), itertools.count(1)
+    pending = False  # new events or reports since the last run (a run without any would repeat the last one)
     for i, (step, exchange_after) in enumerate(steps):
         kind = step[0]
         if kind == "fail" and len(alive) > 1:
             node = alive.pop(step[1] % len(alive))
             c.event(step[2], node=node)
+            pending = True
         elif kind == "join":
             alive.append(f"n{next(new_servers)}")
             c.join(alive[-1])
+            pending = True
         elif kind == "client":
             c.join(f"c{next(clients)}", client=True)
+            pending = True
         elif kind == "own":
-            report_owning(c, committed[-1], set(alive), step[1])
+            pending = report_owning(c, committed[-1], set(alive), step[1]) or pending
         elif kind == "reset":
             c.event("RESET_LOST_PARTITIONS", group=f"g{step[1] % len(spec)}")
-        if exchange_after or i == len(steps) - 1:
+            pending = True
+        if pending and (exchange_after or i == len(steps) - 1):
             run(c, committed)
+            pending = False
     check_committed_versions(c, spec)
 
 
@@ -133,8 +139,11 @@ def run(c: Cluster, committed: list[Version]) -> None:
         committed.append((s.topology_major, s.topology_minor))
 
 
-def report_owning(c: Cluster, version: Version, alive: set[str], mask: int) -> None:
-    """MOVING copies of the committed map on alive servers report OWNING at their partition's max OWNING counter."""
+def report_owning(c: Cluster, version: Version, alive: set[str], mask: int) -> bool:
+    """MOVING copies of the committed map on alive servers report OWNING at their partition's max OWNING counter.
+
+    Returns whether anything was reported.
+    """
     rows = c.table("partition_map", version).collect()
     best: dict[Part, tuple[int, int]] = {}
     for r in rows:
@@ -149,6 +158,7 @@ def report_owning(c: Cluster, version: Version, alive: set[str], mask: int) -> N
     note(f"own at {version}: {chosen}")
     if chosen:
         c.report([(n, g, p, "OWNING", *best[(g, p)], None) for n, g, p in chosen])
+    return bool(chosen)
 
 
 def by_version(c: Cluster, name: str) -> dict[Version, list[Any]]:
