@@ -191,7 +191,60 @@ def print_summary(s: Any) -> None:
         f"  lost: {s.lost_partitions:,}; moving copies: {s.moving_copies:,}; "
         f"temporary primaries: {s.temporary_primaries:,}; counter conflicts: {s.counter_conflicts:,}"
     )
-    console.print(f"  rebalance: {s.migrations:,} copies, {s.bytes_to_move / 2**30:,.2f} GiB to move")
+    console.print(
+        f"  plan: {s.migrations:,} steps, {s.bytes_to_move / 2**30:,.2f} GiB to move; "
+        f"makespan {s.makespan_s:,.1f} s (lower bound {s.makespan_lower_bound_s:,.1f} s)"
+    )
+
+
+@app.command()
+def simulate(
+    ctx: typer.Context,
+    until_stable: Annotated[
+        bool, typer.Option("--until-stable", help="Repeat rounds until the cluster is stable (or stuck).")
+    ] = False,
+    fail: Annotated[str | None, typer.Option("--fail", metavar="NODE", help="Fail this server mid-plan.")] = None,
+    at_wave: Annotated[
+        int | None, typer.Option("--at-wave", metavar="K", help="With --fail: after waves 1..K-1 have finished.")
+    ] = None,
+    max_rounds: Annotated[int, typer.Option(help="The most rounds --until-stable runs.")] = 20,
+) -> None:
+    """Execute the committed migration plan in a twin that writes the nodes' reports, running exchanges as due."""
+    from rebalancer.twin.simulate import simulate as run_twin
+
+    state = _state(ctx)
+    with step("running the twin"):
+        result = run_twin(state.spark, state.warehouse, state.settings, until_stable=until_stable,
+                          fail_node=fail, at_wave=at_wave, max_rounds=max_rounds, on_round=print_round)
+    print_stability(result.stability)
+
+
+def print_round(r: Any) -> None:
+    """Print what one twin round did."""
+    console.print(
+        f"[bold]twin round[/bold] on version {r.version[0]}.{r.version[1]}: {r.copies:,} copies and "
+        f"{r.drops:,} drops finished; {r.waiting_promotions:,} promotions left to the switch"
+        + (f"; {r.failed_node} failed" if r.failed_node else "")
+    )
+    for summary in r.exchanges:
+        print_summary(summary)
+
+
+def print_stability(status: Any) -> None:
+    """Print whether the cluster is stable, and what is left when it is not."""
+    if status is None:
+        return
+    if status.stable:
+        console.print(f"stable at version {status.version[0]}.{status.version[1]}: the serving assignment is the "
+                      "ideal one, every ideal copy owns and no surplus copy is left")
+    else:
+        console.print(
+            f"not stable at version {status.version[0]}.{status.version[1]}: "
+            f"{status.assignment_differences:,} assignment rows differ from ideal, "
+            f"{status.ideal_not_owning:,} ideal copies not owning, {status.surplus_copies:,} surplus copies, "
+            f"{status.lost_partitions:,} lost partitions"
+            + (" (run `event RESET_LOST_PARTITIONS --group G` to recover them)" if status.lost_partitions else "")
+        )
 
 
 @app.command("export-affinity")
@@ -259,6 +312,29 @@ def demo(
 
     state = _state(ctx)
     run_demo(state, nodes=nodes, groups=groups, partitions=partitions, backups=backups, seed=seed)
+
+
+@app.command()
+def report(
+    ctx: typer.Context,
+    version: Annotated[
+        str | None,
+        typer.Option("--version", metavar="MAJOR.MINOR", help="Committed version to report (default: the latest)."),
+    ] = None,
+    out: Annotated[
+        Path, typer.Option("--out", help="Directory for the PNGs and report.html (created if missing).")
+    ] = Path("report"),
+) -> None:
+    """Chart one committed version (placement, bytes moved, schedule, losses) as PNGs and one HTML page."""
+    from rebalancer.report import collect_report_data, parse_version, write_report
+
+    wanted = None if version is None else parse_version(version)  # before starting Spark: a typo costs no JVM
+    state = _state(ctx)
+    with step("collecting the report data"):
+        data = collect_report_data(state.spark, state.warehouse, wanted)
+    with step("drawing the charts"):
+        page = write_report(data, out)
+    console.print(f"wrote the report of version {data.version_text} ({data.exchange.exchange_type}) to {page}")
 
 
 def _one_sentence(exc: BaseException) -> str:

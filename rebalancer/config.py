@@ -56,6 +56,12 @@ class RebalanceSettings(_Strict):
 
 class MigrationSettings(_Strict):
     max_parallel_per_node: int = Field(10, ge=1)
+    full_rebalance: Literal["entries", "files"] = "entries"
+    file_chunk_bytes: int = Field(4_194_304, ge=4096, multiple_of=4096)
+    node_bandwidth_bytes_per_s: float = Field(2.5e9, gt=0)
+    entry_stream_bytes_per_s: float = Field(4.0e8, gt=0)
+    file_stream_bytes_per_s: float = Field(1.25e9, gt=0)
+    overhead_s: float = Field(0.1, ge=0)
 
 
 class ValidationSettings(_Strict):

@@ -1,8 +1,8 @@
 """``rebalancer demo``: the main job end to end on the embedded default (local Spark, local Delta warehouse).
 
 It generates a steady cluster, validates the inputs, shows how data and primaries spread over nodes, then runs the
-partition map exchange through a node failure and a node join, printing what each exchange decided.
-The migration planner and the twin simulation join it as they land.
+partition map exchange through a node failure and a node join, printing what each exchange decided and planned,
+and ends with the twin executing the plans until the cluster is stable.
 """
 
 from __future__ import annotations
@@ -78,10 +78,23 @@ def run_demo(state: CliState, nodes: int, groups: int, partitions: int, backups:
         for summary in summaries:
             print_summary(summary)
 
+    from rebalancer.twin.simulate import simulate
+
+    def show(r: object) -> None:
+        from rebalancer.cli import print_round
+
+        print_round(r)
+
+    with step("twin: executing the plans until the cluster is stable"):
+        result = simulate(spark, warehouse, settings, until_stable=True, on_round=show)
+    from rebalancer.cli import print_stability
+
+    print_stability(result.stability)
+
     location = warehouse.location
     console.print("\nnext:")
     console.print(f"  rebalancer --warehouse {location} sql \"SELECT exchange_id, topology_major, topology_minor, "
                   "exchange_type, lost_partitions, moving_copies, migrations FROM exchanges ORDER BY exchange_id\"")
-    console.print(f"  rebalancer --warehouse {location} sql \"SELECT target_node, count(*), sum(bytes) FROM "
-                  "migration_plan GROUP BY target_node\"")
+    console.print(f"  rebalancer --warehouse {location} sql \"SELECT topology_major, topology_minor, action, "
+                  "count(*), sum(bytes), max(est_end_s) FROM migration_plan GROUP BY ALL ORDER BY ALL\"")
     console.print(f"  rebalancer --warehouse {location} route --group group0 user-42 order-7")

@@ -159,6 +159,9 @@ MIGRATION_PLAN = _schema(
     ("wave", INT),
     ("est_start_s", D),
     ("est_end_s", D),
+    # beyond SPEC: how a COPY moves its data (entries | files) and, for files, how many page-aligned chunks
+    ("transfer", S),
+    ("chunks", INT),
 )
 PARTITION_VERSIONS = _schema(
     *_VERSION, ("group_name", S), ("partition_id", INT), ("partition_version", L)

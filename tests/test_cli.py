@@ -112,3 +112,24 @@ def test_exchange_export_affinity_and_route(spark: Any, tmp_path: Path, capsys: 
         nodes = routing.nodes("group1", key)
         line = next(line for line in out.splitlines() if key in line)
         assert str(routing.partition("group1", key)) in line and nodes[0] in line
+
+
+def test_simulate_runs_the_twin_until_stable(spark: Any, tmp_path: Path, capsys: Any) -> None:
+    w = str(tmp_path / "w")
+    run(capsys, "--warehouse", w, "generate", "--nodes", "3", "--groups", "1", "--partitions", "8", "--backups", "1")
+    assert run(capsys, "--warehouse", w, "exchange")[0] == 0
+    code, out, err = run(capsys, "--warehouse", w, "simulate", "--fail", "node0")
+    assert code == 1 and "error: --fail NODE and --at-wave K go together" in err
+    run(capsys, "--warehouse", w, "event", "NODE_JOINED", "--node", "node3")
+    code, out, _ = run(capsys, "--warehouse", w, "simulate", "--until-stable")
+    assert code == 0, out
+    assert "twin round on version 4.0" in out and "LATE_AFFINITY_SWITCH" in out
+    assert "stable at version 4.1" in out
+
+
+def test_demo_ends_with_a_converged_twin(spark: Any, tmp_path: Path, capsys: Any) -> None:
+    code, out, _ = run(capsys, "--warehouse", str(tmp_path / "w"), "demo", "--nodes", "4", "--groups", "1",
+                       "--partitions", "16", "--backups", "1")
+    assert code == 0, out
+    assert "exchange 2 -> version 5.0" in out and "exchange 3 -> version 6.0" in out  # node3 fails, node4 joins
+    assert "twin round on version 6.0" in out and "stable at version 6." in out

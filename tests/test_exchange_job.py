@@ -50,9 +50,15 @@ def test_ignite_example_node_joins_moving_backup_then_switch(spark: Any, tmp_pat
     ])
     plan = c.rows("migration_plan", (4, 0), "partition_id", "action", "target_node", "rebalance_mode",
                   "from_counter", "to_counter", "bytes")
-    assert plan == {(0, "COPY", "n4", "FULL", 0, 10, 50), (1, "COPY", "n4", "FULL", 0, 10, 50)}
-    assert c.rows("migration_plan", (4, 0), "source_node") <= {("n1",), ("n2",)}
-    assert s.moving_copies == 2 and s.migrations == 2 and s.bytes_to_move == 100
+    # copy to n4 first, then drop the old backup on n1 (the primary n2 stays: no PROMOTE)
+    assert plan == {(0, "COPY", "n4", "FULL", 0, 10, 50), (1, "COPY", "n4", "FULL", 0, 10, 50),
+                    (0, "DROP", None, None, None, None, 0), (1, "DROP", None, None, None, None, 0)}
+    # both copies read from n2: n1 also has the two drops to do, and the scheduler balances each node's work
+    assert c.rows("migration_plan", (4, 0), "action", "step", "source_node") == {
+        ("COPY", 1, "n2"), ("DROP", 2, "n1")}
+    assert s.moving_copies == 2 and s.migrations == 4 and s.bytes_to_move == 100
+    # two copies in parallel (0.1 s overhead + 50 bytes each), then the drops: 0.2 s, the bound of each chain
+    assert s.makespan_s == pytest.approx(0.2, abs=1e-6) and s.makespan_lower_bound_s == pytest.approx(0.2, abs=1e-6)
 
     assert c.exchange() == []  # nothing owned yet: no switch
     c.report([("n4", "g", 0, "OWNING", 10, 5, None), ("n4", "g", 1, "OWNING", 10, 5, None)])
@@ -65,7 +71,8 @@ def test_ignite_example_node_joins_moving_backup_then_switch(spark: Any, tmp_pat
     # the surplus copies on n1 are evicted after the switch
     assert c.rows("partition_map", (4, 1), "partition_id", "node_id", "state") >= {(0, "n1", "RENTING"),
                                                                                   (1, "n1", "RENTING")}
-    assert c.rows("migration_plan", (4, 1)) == set()
+    assert c.rows("migration_plan", (4, 1), "partition_id", "step", "action", "source_node") == {
+        (0, 1, "DROP", "n1"), (1, 1, "DROP", "n1")}
     assert c.exchange() == []
 
 

@@ -26,6 +26,9 @@ Then every committed version is checked (rows read back from the warehouse; a fa
 (d) exchanges ordered by ``exchange_id`` have strictly increasing ``(major, minor)``;
 (e) no duplicate keys per version in ``affinity_assignment``, ``partition_map``, ``ideal_assignment``,
     ``lost_partitions``, ``client_affinity`` and ``topology``;
+(f) the migration plan (:func:`check_plan`): only partitions with an owner have steps, numbered 1..n; applied in
+    order they never lower the OWNING copies below min(current, target) and end with exactly the ideal nodes
+    holding the data; steps of one partition never overlap in time; no node runs more than the cap at once;
 
 and, beside the issue's list: the map and the assignment only name alive servers; ``ideal_assignment`` equals
 :func:`rebalancer.client.affinity.assign` over the alive servers; the first version is steady (ideal, not
@@ -180,6 +183,7 @@ def check_committed_versions(c: Cluster, spec: dict[str, tuple[int, int, str | N
     tables = {name: by_version(c, name) for name in (
         "topology", "ideal_assignment", "affinity_assignment", "partition_map", "lost_partitions", "client_affinity")}
     reports = c.warehouse.read("partition_reports").collect()
+    plans = by_version(c, "migration_plan")
     resets = {r.event_seq: r.group_name for r in c.warehouse.read("topology_events").collect()
               if r.event_type == "RESET_LOST_PARTITIONS"}
 
@@ -309,4 +313,45 @@ def check_committed_versions(c: Cluster, spec: dict[str, tuple[int, int, str | N
                         for k in sorted(set(actual_routes) | set(expected_routes))
                         if actual_routes.get(k) != expected_routes.get(k)))
 
+        # (f) the migration plan (issue: migration plans)
+        check_plan(ctx, plans.get(v, []), owners, ideal_nodes, copies, cap=c.settings.migration.max_parallel_per_node)
+
         prev = {"owners": owners, "listed": set(listed), "max_report_seq": ex.max_report_seq}
+
+
+def check_plan(ctx: str, plan: list[Any], owners: dict[Part, set[str]], ideal_nodes: dict[Part, list[str]],
+               copies: dict[Part, dict[str, Any]], cap: int) -> None:
+    """Plan invariants: only data-bearing partitions; steps 1..n; applying them in order never lowers the OWNING
+    copies below min(current, target) and ends with exactly the ideal nodes holding the data; a partition's steps
+    never overlap in time; no node runs more than ``cap`` steps at any instant."""
+    steps: dict[Part, list[Any]] = defaultdict(list)
+    for r in plan:
+        steps[(r.group_name, r.partition_id)].append(r)
+    for key, rows in steps.items():
+        rows.sort(key=lambda r: r.step)
+        current = set(owners.get(key, ()))
+        where = f"{ctx}: {key} plan {[(r.step, r.action, r.source_node, r.target_node) for r in rows]}, " \
+                f"map {list(copies.get(key, {}).values())}, ideal {ideal_nodes.get(key)}"
+        assert current, f"{where}: a partition without an owner has steps"
+        assert [r.step for r in rows] == list(range(1, len(rows) + 1)), f"{where}: steps not 1..n"
+        floor = min(len(current), len(ideal_nodes[key]))
+        for r in rows:
+            if r.action == "COPY":
+                assert r.source_node in current, f"{where}: COPY from a non-owner {r.source_node}"
+                current.add(r.target_node)
+            elif r.action == "DROP":
+                current.discard(r.source_node)
+            assert len(current) >= floor, f"{where}: owners fall to {sorted(current)} below {floor} at step {r.step}"
+        for a, b in itertools.pairwise(rows):
+            assert b.est_start_s >= a.est_end_s - 1e-9, f"{where}: step {b.step} starts before step {a.step} ends"
+        assert current == set(ideal_nodes[key]), f"{where}: applying the plan leaves owners {sorted(current)}"
+    for key, nodes in ideal_nodes.items():
+        if owners.get(key) and not steps.get(key):
+            surplus = set(copies.get(key, {})) - set(nodes)
+            assert owners[key] >= set(nodes) and not surplus, f"{ctx}: {key} needs moves but has no plan"
+    for r in plan:
+        touched = {n for n in (r.source_node, r.target_node) if n}
+        for node in touched:
+            running = [o for o in plan if node in (o.source_node, o.target_node)
+                       and o.est_start_s <= r.est_start_s + 1e-9 < o.est_end_s]
+            assert len(running) <= cap, f"{ctx}: {node} runs {len(running)} steps at {r.est_start_s}: {running}"

@@ -67,7 +67,8 @@ def reports_of(spark: SparkSession, rows: list[tuple[Any, ...]]) -> DataFrame:
 
 def demands_of(spark: SparkSession, rows: list[tuple[Any, ...]]) -> DataFrame:
     """Rows (id, group, partition, step, source, target, mode, from, to, bytes) -> DEMANDS_SCHEMA."""
-    full = [(i, g, p, s, "COPY", src, dst, mode, f, t, b, None, None, None) for i, g, p, s, src, dst, mode, f, t, b
+    full = [(i, g, p, s, "COPY", src, dst, mode, f, t, b, None, None, None, None, None)
+            for i, g, p, s, src, dst, mode, f, t, b
             in rows]
     return spark.createDataFrame(full, demands.DEMANDS_SCHEMA)
 

@@ -45,7 +45,8 @@ from rebalancer.exchange.fullmap import (
     stage_schema,
 )
 
-__all__ = ["COPY", "DEMANDS_SCHEMA", "FULL", "HISTORICAL", "add_moving_targets", "rebalance_demands"]
+__all__ = ["COPY", "DEMANDS_SCHEMA", "FULL", "HISTORICAL", "add_moving_targets", "copy_steps", "partition_offsets",
+           "rebalance_demands"]
 
 COPY, HISTORICAL, FULL = "COPY", "HISTORICAL", "FULL"
 DEMANDS_SCHEMA = stage_schema("migration_plan")
@@ -85,7 +86,26 @@ def add_moving_targets(map_df: DataFrame, ideal_df: DataFrame) -> DataFrame:
 def rebalance_demands(
     ideal_df: DataFrame, map_df: DataFrame, latest_reports_df: DataFrame, history_threshold: int
 ) -> DataFrame:
-    """The COPY rows every ideal node without an OWNING copy needs.
+    """The COPY rows every ideal node without an OWNING copy needs, with ``migration_id`` (module docstring).
+
+    Same arguments as :func:`copy_steps`.
+
+    Returns:
+        ``DEMANDS_SCHEMA`` rows (``migration_plan`` without version columns), ``action`` ``COPY``.
+    """
+    rows_df = copy_steps(ideal_df, map_df, latest_reports_df, history_threshold)
+    out_df = rows_df.join(partition_offsets(rows_df), list(PARTITION_KEY)).withColumn(
+        "migration_id", F.col("_offset") + F.col("step")
+    )
+    for name in ("wave", "est_start_s", "est_end_s", "transfer", "chunks"):
+        out_df = out_df.withColumn(name, F.lit(None))
+    return conform(out_df, DEMANDS_SCHEMA)
+
+
+def copy_steps(
+    ideal_df: DataFrame, map_df: DataFrame, latest_reports_df: DataFrame, history_threshold: int
+) -> DataFrame:
+    """The COPY steps every ideal node without an OWNING copy needs, with every usable supplier.
 
     Args:
         ideal_df: this version's ideal assignment (``group_name, partition_id, replica_index, node_id``).
@@ -95,7 +115,9 @@ def rebalance_demands(
             historical rebalance.
 
     Returns:
-        ``DEMANDS_SCHEMA`` rows (``migration_plan`` without version columns), ``action`` ``COPY``.
+        ``group_name, partition_id, step, action, source_node, target_node, rebalance_mode, from_counter,
+        to_counter, bytes`` and ``candidates array<string>``: the supplier pool the source was chosen from (every
+        owner eligible for the step's mode, by ``node_id``), so a scheduler may pick another member.
     """
     require_columns(ideal_df, _IDEAL_COLUMNS, stage="rebalance_demands", argument="ideal_df")
     require_columns(map_df, MAP_SCHEMA.fieldNames(), stage="rebalance_demands", argument="map_df")
@@ -167,16 +189,12 @@ def rebalance_demands(
         F.when(historical, c).otherwise(F.lit(0).cast("long")).alias("from_counter"),
         m.alias("to_counter"),
         F.when(historical, replay_bytes).otherwise(sup["bytes"]).alias("bytes"),
+        F.col("_class").alias("candidates"),
     )
-    out_df = rows_df.join(_partition_offsets(rows_df), part).withColumn(
-        "migration_id", F.col("_offset") + F.col("step")
-    )
-    for name in ("wave", "est_start_s", "est_end_s"):
-        out_df = out_df.withColumn(name, F.lit(None))
-    return conform(out_df, DEMANDS_SCHEMA)
+    return rows_df
 
 
-def _partition_offsets(rows_df: DataFrame) -> DataFrame:
+def partition_offsets(rows_df: DataFrame) -> DataFrame:
     """Per partition, how many rows come before it in ``(group_name, partition_id)`` order (``_offset``).
 
     The rows are first counted per partition; only those narrow count rows (one per partition with demands) go

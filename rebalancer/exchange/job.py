@@ -9,7 +9,9 @@ Order of work for each exchange (each step is a pure stage; this module only wir
    (:mod:`rebalancer.exchange.fullmap`);
 4. reset of lost partitions, counter validation, loss decisions (:mod:`counters`, :mod:`lost`);
 5. late affinity (:mod:`late_affinity`), MOVING rows for ideal nodes without a copy, surplus copies RENTING;
-6. rebalance demands as COPY rows of ``migration_plan`` (:mod:`demands`), client routing map (:mod:`routing`);
+6. the migration plan: COPY/PROMOTE/DROP steps (:mod:`rebalancer.planning.planner`, with the COPY demands of
+   :mod:`demands`), scheduled under the cost model (:mod:`rebalancer.planning.schedule`); partition versions and
+   stamps (:mod:`rebalancer.planning.versions`); the client routing map (:mod:`routing`);
 7. write every output for the version (replacing rows a crashed run may have left), then the ``exchanges`` row.
 
 A version exists for readers only once its ``exchanges`` row is committed; a re-run after a crash recomputes the
@@ -41,11 +43,12 @@ from rebalancer.exchange.versions import (
     plan_exchanges,
 )
 from rebalancer.frames import scalar
+from rebalancer.planning import planner, versions
 from rebalancer.storage import Warehouse
 from rebalancer.tables import EXCHANGES, INPUT_TABLES, OUTPUT_TABLES, REJECTED_ROWS, VERSION_COLUMNS
 from rebalancer.validation import validate_inputs, with_defaults
 
-__all__ = ["ExchangeConflictError", "ExchangeSummary", "run_exchange"]
+__all__ = ["ExchangeConflictError", "ExchangeSummary", "current_map", "run_exchange"]
 
 # Tables that hold one complete copy per committed version (everything but exchanges and rejected_rows).
 VERSIONED_TABLES = tuple(n for n in OUTPUT_TABLES if n not in ("exchanges", "rejected_rows"))
@@ -74,6 +77,8 @@ class ExchangeSummary:
     counter_conflicts: int = 0
     migrations: int = 0
     bytes_to_move: int = 0
+    makespan_s: float = 0.0
+    makespan_lower_bound_s: float = 0.0
     seconds: float = 0.0
 
 
@@ -170,7 +175,7 @@ def _compute(
     step: ExchangeStep,
     prev: _Committed | None,
     alive_df: DataFrame,
-) -> tuple[dict[str, DataFrame], dict[str, int]]:
+) -> tuple[dict[str, DataFrame], dict[str, int], dict[str, float]]:
     """Every output of one data-affecting exchange (the call order of docs/EXCHANGE.md), and its summary counts."""
     groups_df = inputs.groups.join(F.broadcast(_groups_frame(spark, step.groups)), "group_name")
     alive_nodes_df = inputs.nodes.join(F.broadcast(alive_df.select("node_id")), "node_id")
@@ -194,12 +199,30 @@ def _compute(
     assignment_df = _materialize(late_affinity.late_affinity(ideal_df, prev_assignment_df, map_df, alive_df))
     map_df = late_affinity.surplus_to_renting(map_df, assignment_df, ideal_df)
     map_df = _materialize(demands.add_moving_targets(map_df, ideal_df))
-    plan_df = _materialize(
-        demands.rebalance_demands(ideal_df, map_df, inputs.latest_reports, settings.rebalance.history_threshold)
+    migration = settings.migration
+    steps_df = planner.plan_migrations(
+        ideal_df,
+        assignment_df,
+        map_df,
+        inputs.latest_reports,
+        history_threshold=settings.rebalance.history_threshold,
+        full_rebalance=migration.full_rebalance,
+        file_chunk_bytes=migration.file_chunk_bytes,
     )
+    plan_df = _materialize(planner.schedule_plan(steps_df, planner.cost_model(migration), "ours"))
+    versions_df = _materialize(
+        versions.partition_versions(_previous(warehouse, prev, "partition_versions"), prev_assignment_df,
+                                    assignment_df)
+    )
+    stamps_df = versions.partition_stamps(versions_df, groups_df)
     routing_df = routing.client_affinity(assignment_df, groups_df)
 
-    plan_totals = plan_df.agg(F.count(F.lit(1)), F.coalesce(F.sum("bytes"), F.lit(0))).collect()[0]
+    plan_totals = plan_df.agg(
+        F.count(F.lit(1)),
+        F.coalesce(F.sum("bytes"), F.lit(0)),
+        F.coalesce(F.max("est_end_s"), F.lit(0.0)),
+        F.coalesce(F.max("plan_lower_bound_s"), F.lit(0.0)),
+    ).collect()[0]
     counts = {
         "partitions": int(scalar(groups_df.agg(F.coalesce(F.sum("partitions"), F.lit(0))))),
         "lost_partitions": lost_df.count(),
@@ -209,8 +232,7 @@ def _compute(
         "migrations": int(plan_totals[0]),
         "bytes_to_move": int(plan_totals[1]),
     }
-    empty = {name: warehouse.read(name).limit(0).drop(*VERSION_COLUMNS)
-             for name in ("partition_versions", "partition_stamps")}
+    plan_times = {"makespan_s": float(plan_totals[2]), "makespan_lower_bound_s": float(plan_totals[3])}
     outputs = {
         "ideal_assignment": ideal_df,
         "affinity_assignment": assignment_df,
@@ -219,21 +241,45 @@ def _compute(
         "lost_partitions": lost_df,
         "migration_plan": plan_df,
         "client_affinity": routing_df,
-        # per-partition versions and stamps come with the migration planner (issue: migration plans)
-        **empty,
+        "partition_versions": versions_df,
+        "partition_stamps": stamps_df,
     }
-    return outputs, counts
+    return outputs, counts, plan_times
+
+
+def _current_map(
+    spark: SparkSession, warehouse: Warehouse, groups_df: DataFrame, reports_df: DataFrame, prev: _Committed
+) -> DataFrame:
+    """The committed map overridden by the reports it has not consumed yet, counter rule applied."""
+    groups_df = groups_df.join(F.broadcast(_groups_frame(spark, prev.state.groups)), "group_name")
+    prev_map_df = _previous(warehouse, prev, "partition_map")
+    map_df = fullmap.base_map(prev_map_df, reports_df, _alive_frame(spark, prev.state), groups_df,
+                              prev.max_report_seq)
+    return counters.apply_counter_resets(map_df)
+
+
+def current_map(spark: SparkSession, warehouse: Warehouse) -> tuple[tuple[int, int], DataFrame] | None:
+    """The latest committed version and its map as the nodes' newest reports make it now (None: no version).
+
+    This is what the next exchange would start from: the committed ``partition_map`` on the version's alive nodes,
+    overridden by every valid report newer than the version's ``max_report_seq``, after the counter rule.
+    Nothing is written (rejected rows are recorded by the exchange that consumes them).
+    """
+    prev = _last_committed(warehouse)
+    if prev is None:
+        return None
+    valid = validate_inputs({name: warehouse.read_raw(name) for name in INPUT_TABLES}, exchange_id=None).valid
+    groups_df = with_defaults("cache_groups", valid["cache_groups"])
+    map_df = _current_map(spark, warehouse, groups_df, valid["partition_reports"], prev)
+    return (prev.state.major, prev.state.minor), map_df
 
 
 def _switch_is_due(
     spark: SparkSession, warehouse: Warehouse, inputs: _Inputs, prev: _Committed
 ) -> bool:
     """Whether the committed assignment has temporary primaries whose ideal nodes now all own their copies."""
-    alive_df = _alive_frame(spark, prev.state)
-    groups_df = inputs.groups.join(F.broadcast(_groups_frame(spark, prev.state.groups)), "group_name")
     prev_map_df = _previous(warehouse, prev, "partition_map")
-    map_df = fullmap.base_map(prev_map_df, inputs.reports, alive_df, groups_df, prev.max_report_seq)
-    map_df = counters.apply_counter_resets(map_df)
+    map_df = _current_map(spark, warehouse, inputs.groups, inputs.reports, prev)
     due = late_affinity.switch_due(
         _previous(warehouse, prev, "ideal_assignment"),
         _previous(warehouse, prev, "affinity_assignment"),
@@ -358,9 +404,9 @@ def _commit(
     if step.exchange_type == "NONE" and prev is not None:
         # Clients joined or left: no data work; the version repeats the previous one's placement.
         outputs = {name: _previous(warehouse, prev, name) for name in VERSIONED_TABLES if name != "topology"}
-        counts = _previous_counts(warehouse, prev)
+        counts, plan_times = _previous_counts(warehouse, prev)
     else:
-        outputs, counts = _compute(spark, warehouse, settings, inputs, step, prev, alive_df)
+        outputs, counts, plan_times = _compute(spark, warehouse, settings, inputs, step, prev, alive_df)
     outputs["topology"] = alive_df
     for name in VERSIONED_TABLES:
         warehouse.replace_where(
@@ -380,6 +426,8 @@ def _commit(
         alive_servers=servers,
         alive_clients=len(step.alive) - servers,
         seconds=time.perf_counter() - t0,
+        makespan_s=plan_times.get("makespan_s", 0.0),
+        makespan_lower_bound_s=plan_times.get("makespan_lower_bound_s", 0.0),
         **counts,
     )
     _commit_exchange_row(
@@ -397,9 +445,12 @@ _COUNT_FIELDS = (
 )
 
 
-def _previous_counts(warehouse: Warehouse, prev: _Committed) -> dict[str, int]:
+def _previous_counts(warehouse: Warehouse, prev: _Committed) -> tuple[dict[str, int], dict[str, float]]:
     row = warehouse.read("exchanges").where(F.col("exchange_id") == prev.exchange_id).first()
-    return {name: int(row[name] or 0) for name in _COUNT_FIELDS} if row else {}
+    if row is None:
+        return {}, {}
+    counts = {name: int(row[name] or 0) for name in _COUNT_FIELDS}
+    return counts, {name: float(row[name] or 0.0) for name in ("makespan_s", "makespan_lower_bound_s")}
 
 
 def _commit_exchange_row(
@@ -420,7 +471,7 @@ def _commit_exchange_row(
         s.exchange_id, s.topology_major, s.topology_minor, s.exchange_type, list(s.merged_event_seqs),
         s.coordinator, max_report_seq, started, finished, sorted(step.groups), s.alive_servers, s.alive_clients,
         s.partitions, s.lost_partitions, s.moving_copies, s.temporary_primaries, s.counter_conflicts,
-        s.migrations, s.bytes_to_move, None, None,
+        s.migrations, s.bytes_to_move, s.makespan_s, s.makespan_lower_bound_s,
     )
     warehouse.merge("exchanges", spark.createDataFrame([row], EXCHANGES), keys=["exchange_id"], insert_only=True)
     committed = warehouse.read("exchanges").where(F.col("exchange_id") == s.exchange_id).collect()

@@ -131,7 +131,8 @@ def switch_due(
     The partitions waiting for the switch are those the committed version left rebalancing: every temporary
     partition of ``assignment_df``, and every partition with a MOVING copy on one of its ideal nodes in
     ``prev_map_df`` (a new backup loading while the primary already owns: the assignment is ideal but the old
-    copies must be kept until it owns, as in Ignite's node-join example). The switch is due when there are waiting
+    copies must be kept until it owns, as in Ignite's node-join example); a partition with no OWNING copy in
+    ``map_df`` (lost) waits for nothing, since no supplier can fill it. The switch is due when there are waiting
     partitions and every ideal node of each of them now owns.
 
     Args:
@@ -152,8 +153,16 @@ def switch_due(
             ideal_df.select(*COPY_KEY), list(COPY_KEY)
         )
         waiting_df = waiting_df.unionByName(loading_df.select(*part))
-    all_own_df = _with_ideal_all_own(map_df, ideal_df).select(*part, "_all_own").distinct()
-    status_df = waiting_df.distinct().join(all_own_df, part, "left")
+    owns = F.coalesce(F.col("state") == OWNING, F.lit(False))
+    all_own_df = (
+        _with_ideal_all_own(map_df, ideal_df)
+        .groupBy(*part)
+        .agg(F.min("_all_own").alias("_all_own"), F.max(owns).alias("_has_owner"))
+    )
+    # A partition without any owner (lost) cannot finish loading until a reset; it must not hold back the others.
+    status_df = waiting_df.distinct().join(all_own_df, part, "left").where(
+        F.coalesce(F.col("_has_owner"), F.lit(False))
+    )
     waiting = F.sum(F.when(F.coalesce(F.col("_all_own"), F.lit(False)), 0).otherwise(1))
     result_df = status_df.agg(F.count(F.lit(1)).alias("_temporary"), F.coalesce(waiting, F.lit(0)).alias("_waiting"))
     return conform(

@@ -1,0 +1,1 @@
+"""Migration planning: planner, scheduler and cost model, partition versions and stamps."""
