@@ -22,7 +22,12 @@ from rebalancer.config import Settings, load_settings
 
 app = typer.Typer(
     name="rebalancer",
-    help="Partition map exchange, late affinity and migration plans as batch Spark jobs over Delta tables.",
+    help=(
+        "Partition map exchange, late affinity and migration plans as batch Spark jobs over Delta tables.\n\n"
+        "New here? `rebalancer demo` runs the whole story on a local warehouse; then `generate`, `event`, "
+        "`exchange`, `simulate` and `report` step through it yourself, and `sql` queries any table "
+        "(ready queries: docs/QUERIES.md)."
+    ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -81,10 +86,20 @@ def _global_options(
     conf: Annotated[
         Path | None, typer.Option("--conf", help="TOML settings file; see conf/default.toml for every key.")
     ] = None,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="Fail the run on any bad input row, naming the problem, instead of recording it in rejected_rows "
+            "and going on (sets validation.strict = true).",
+        ),
+    ] = False,
 ) -> None:
     settings = load_settings(conf)
     if warehouse is not None:
         settings = settings.with_overrides(storage={"warehouse": warehouse})
+    if strict:
+        settings = settings.with_overrides(validation={"strict": True})
     ctx.obj = CliState(settings)
 
 
@@ -306,12 +321,17 @@ def demo(
     partitions: Annotated[int, typer.Option(help="Partitions per group.")] = 256,
     backups: Annotated[int, typer.Option(help="Backups per partition.")] = 2,
     seed: Annotated[int, typer.Option(help="Seed.")] = 42,
+    report_dir: Annotated[
+        Path, typer.Option("--report-dir", help="Where to write the report of the join's plan.")
+    ] = Path("report"),
 ) -> None:
-    """The main job, end to end on the embedded default: generate a cluster and show how its data spreads."""
+    """The main job, end to end on the embedded default: generate a cluster, fail a node, add one, plan and
+    schedule the moves, run the twin until stable, and write a report."""
     from rebalancer.demo import run_demo
 
     state = _state(ctx)
-    run_demo(state, nodes=nodes, groups=groups, partitions=partitions, backups=backups, seed=seed)
+    run_demo(state, nodes=nodes, groups=groups, partitions=partitions, backups=backups, seed=seed,
+             report_dir=report_dir)
 
 
 @app.command()
@@ -361,6 +381,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 _GLOBAL_OPTIONS = ("--warehouse", "--conf")
+_GLOBAL_FLAGS = ("--strict",)
 
 
 def run_job(command: str, argv: list[str]) -> None:
@@ -373,7 +394,9 @@ def run_job(command: str, argv: list[str]) -> None:
     args = iter(argv)
     for arg in args:
         name = arg.split("=", 1)[0]
-        if name in _GLOBAL_OPTIONS:
+        if name in _GLOBAL_FLAGS:
+            global_args.append(arg)
+        elif name in _GLOBAL_OPTIONS:
             global_args.append(arg)
             if "=" not in arg:
                 global_args.append(next(args, ""))

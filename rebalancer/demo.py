@@ -7,6 +7,7 @@ and ends with the twin executing the plans until the cluster is stable.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
@@ -26,7 +27,8 @@ def _gib(n: int | None) -> str:
     return f"{(n or 0) / 2**30:,.1f} GiB"
 
 
-def run_demo(state: CliState, nodes: int, groups: int, partitions: int, backups: int, seed: int) -> None:
+def run_demo(state: CliState, nodes: int, groups: int, partitions: int, backups: int, seed: int,
+             report_dir: Path = Path("report")) -> None:
     """Run the demo, printing each step (see the module docstring)."""
     from rebalancer.cli import console, step
 
@@ -61,11 +63,14 @@ def run_demo(state: CliState, nodes: int, groups: int, partitions: int, backups:
             f"  replicas per node: min {min(replicas):,}, mean {mean:,.1f}, max {max(replicas):,} "
             f"(max/mean {max(replicas) / mean:.3f}); total {_gib(sum(r.bytes or 0 for r in rows))}"
         )
-    from rebalancer.cli import print_summary
+    from rebalancer.cli import print_round, print_stability, print_summary
     from rebalancer.exchange.job import run_exchange
     from rebalancer.operations import append_event
+    from rebalancer.report import collect_report_data, write_report
+    from rebalancer.twin.simulate import simulate
 
     victim, newcomer = "node3", f"node{nodes}"
+    join_version = None
     for title, event in (
         ("first exchange: the nodes join", None),
         (f"{victim} fails", ("NODE_FAILED", victim)),
@@ -77,24 +82,23 @@ def run_demo(state: CliState, nodes: int, groups: int, partitions: int, backups:
             summaries = run_exchange(spark, warehouse, settings)
         for summary in summaries:
             print_summary(summary)
-
-    from rebalancer.twin.simulate import simulate
-
-    def show(r: object) -> None:
-        from rebalancer.cli import print_round
-
-        print_round(r)
+            join_version = (summary.topology_major, summary.topology_minor)
 
     with step("twin: executing the plans until the cluster is stable"):
-        result = simulate(spark, warehouse, settings, until_stable=True, on_round=show)
-    from rebalancer.cli import print_stability
-
+        result = simulate(spark, warehouse, settings, until_stable=True, on_round=print_round)
     print_stability(result.stability)
 
+    with step("report of the join's plan"):
+        page = write_report(collect_report_data(spark, warehouse, join_version), report_dir)
+
     location = warehouse.location
-    console.print("\nnext:")
+    console.print("\nwhere to look next:")
+    console.print(f"  the join's placement, data moved and schedule as charts: {page}")
     console.print(f"  rebalancer --warehouse {location} sql \"SELECT exchange_id, topology_major, topology_minor, "
-                  "exchange_type, lost_partitions, moving_copies, migrations FROM exchanges ORDER BY exchange_id\"")
+                  "exchange_type, lost_partitions, temporary_primaries, migrations, makespan_s FROM exchanges "
+                  "ORDER BY exchange_id\"")
     console.print(f"  rebalancer --warehouse {location} sql \"SELECT topology_major, topology_minor, action, "
                   "count(*), sum(bytes), max(est_end_s) FROM migration_plan GROUP BY ALL ORDER BY ALL\"")
     console.print(f"  rebalancer --warehouse {location} route --group group0 user-42 order-7")
+    console.print("  more ready queries: docs/QUERIES.md; the same story in a notebook: "
+                  "notebooks/rebalance_walkthrough.ipynb")

@@ -121,6 +121,30 @@ class InvalidInputError(ValueError):
         super().__init__(message)
         self.counts: dict[str, int] = dict(counts)
 
+    @classmethod
+    def of(cls, counts: Mapping[str, int], reasons: Mapping[str, Sequence[str]]) -> InvalidInputError:
+        """The strict-mode error for ``counts`` rejected rows per table, quoting up to three ``reasons`` per table.
+
+        The first line is one sentence naming the total and the first problem (the CLI prints only that line);
+        the next lines list, per table in SPEC order, its first reasons alphabetically.
+
+        Args:
+            counts: rejected rows per table (tables with none may be absent or 0).
+            reasons: some of each table's reasons (more than three are allowed; three are shown).
+        """
+        order = {name: i for i, name in enumerate(INPUT_TABLES)}
+        tables = sorted((t for t, n in counts.items() if n), key=lambda t: (order.get(t, len(order)), t))
+        shown = {t: int(counts[t]) for t in tables}
+        examples = {t: sorted(reasons.get(t, ()))[:_STRICT_EXAMPLES] for t in tables}
+        first = next((f"; first: {t}: {examples[t][0]}" for t in tables if examples[t]), "")
+        lines = [
+            f"strict validation: {sum(shown.values())} input row(s) rejected "
+            f"({', '.join(f'{t}: {n}' for t, n in shown.items())}){first}"
+        ]
+        lines += [f"  {t}: {reason}" for t in tables for reason in examples[t]]
+        lines.append("Fix these rows, or run with validation.strict = false to keep them in rejected_rows and go on.")
+        return cls("\n".join(lines), shown)
+
 
 @dataclass(frozen=True)
 class Validated:
@@ -725,7 +749,10 @@ def validate_inputs(raw: Mapping[str, DataFrame], exchange_id: int | None = None
         InvalidInputError: ``strict`` is true and at least one row was rejected.
     """
     missing = [name for name in INPUT_TABLES if name not in raw]
-    problems = [f"missing input table(s): {', '.join(missing)} (all of {', '.join(INPUT_TABLES)} are needed)"]
+    problems = [
+        f"missing input table(s): {', '.join(missing)} (all of {', '.join(INPUT_TABLES)} are needed; "
+        "`rebalancer init` creates the missing ones empty)"
+    ]
     problems = problems if missing else []
     problems += [p for name in INPUT_TABLES if name in raw for p in _schema_problems(name, raw[name])]
     if problems:
@@ -761,17 +788,10 @@ def _raise_if_rejected(rejected_df: DataFrame) -> None:
         .agg(F.count("*").alias("n"), F.min_by("reason", "reason", _STRICT_EXAMPLES).alias("examples"))
         .collect()
     )
-    if not summary:
-        return
-    order = {name: i for i, name in enumerate(INPUT_TABLES)}
-    rows = sorted(summary, key=lambda r: order.get(r["table_name"], len(order)))
-    counts = {r["table_name"]: int(r["n"]) for r in rows}
-    total = sum(counts.values())
-    lines = [f"strict validation: {total} input row(s) rejected ({', '.join(f'{t}: {n}' for t, n in counts.items())})"]
-    for r in rows:
-        lines += [f"  {r['table_name']}: {reason}" for reason in r["examples"]]
-    lines.append("Fix these rows, or run with validation.strict = false to keep them in rejected_rows and go on.")
-    raise InvalidInputError("\n".join(lines), counts)
+    if summary:
+        raise InvalidInputError.of(
+            {r["table_name"]: int(r["n"]) for r in summary}, {r["table_name"]: r["examples"] for r in summary}
+        )
 
 
 def with_defaults(name: str, valid_df: DataFrame) -> DataFrame:

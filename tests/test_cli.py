@@ -78,7 +78,7 @@ def test_bad_config_file_names_the_key(tmp_path: Path, capsys: Any) -> None:
 def test_job_entry_point_accepts_global_options_anywhere(spark: Any, tmp_path: Path, capsys: Any) -> None:
     w = str(tmp_path / "w")
     with pytest.raises(SystemExit) as exit_info:
-        run_job("generate", ["--nodes", "2", f"--warehouse={w}", "--groups", "1", "--partitions", "4"])
+        run_job("generate", ["--nodes", "2", f"--warehouse={w}", "--strict", "--groups", "1", "--partitions", "4"])
     assert exit_info.value.code == 0
     assert "wrote 2 nodes" in capsys.readouterr().out
 
@@ -129,7 +129,8 @@ def test_simulate_runs_the_twin_until_stable(spark: Any, tmp_path: Path, capsys:
 
 def test_demo_ends_with_a_converged_twin(spark: Any, tmp_path: Path, capsys: Any) -> None:
     code, out, _ = run(capsys, "--warehouse", str(tmp_path / "w"), "demo", "--nodes", "4", "--groups", "1",
-                       "--partitions", "16", "--backups", "1")
+                       "--partitions", "16", "--backups", "1", "--report-dir", str(tmp_path / "report"))
     assert code == 0, out
+    assert (tmp_path / "report" / "report.html").exists() and "where to look next" in out
     assert "exchange 2 -> version 5.0" in out and "exchange 3 -> version 6.0" in out  # node3 fails, node4 joins
     assert "twin round on version 6.0" in out and "stable at version 6." in out

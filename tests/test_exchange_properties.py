@@ -10,7 +10,12 @@ always after the last one; skipped when no event or report is new), so some step
 - ``client``: a client joins (a ``NONE`` exchange when nothing else is pending);
 - ``own``: MOVING copies of the committed map report OWNING at the partition's maximum OWNING counter (all of
   them, or a subset picked by a bit mask), which can make a late affinity switch due;
-- ``reset``: ``RESET_LOST_PARTITIONS`` for a group.
+- ``reset``: ``RESET_LOST_PARTITIONS`` for a group;
+- ``twin``: one round of the twin (it executes the committed plan and runs the exchanges that become due);
+- ``twin_fail``: the same, with an alive server failing once the steps of the first waves have finished.
+
+After the steps, with no more events, the twin runs until stable: it must converge unless partitions are lost
+(they wait for a reset).
 
 Then every committed version is checked (rows read back from the warehouse; a failure prints the offending rows):
 
@@ -55,6 +60,7 @@ from hypothesis import strategies as st
 
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.client.affinity import assign
+from rebalancer.twin.simulate import simulate
 from tests.exchange_scenarios import Cluster
 
 if os.environ.get("EXCHANGE_PROPERTY_EXAMPLES"):
@@ -79,6 +85,8 @@ step_st = st.one_of(
     st.tuples(st.just("join")),
     st.tuples(st.just("client")),
     st.tuples(st.just("reset"), st.integers(0, 1)),
+    st.tuples(st.just("twin")),  # one twin round: executes the committed plan, runs the exchanges it makes due
+    st.tuples(st.just("twin_fail"), st.integers(0, 4), st.integers(1, 3)),  # ... with a server failing at a wave
 )
 # (step, run the exchange after it): one step in three, so most examples make 2-3 runs and some steps merge
 steps_st = st.lists(st.tuples(step_st, st.sampled_from([False, False, True])), min_size=1, max_size=4)
@@ -127,10 +135,30 @@ def test_exchange_invariants_hold_on_random_clusters_and_events(
         elif kind == "reset":
             c.event("RESET_LOST_PARTITIONS", group=f"g{step[1] % len(spec)}")
             pending = True
+        elif kind == "twin" or (kind == "twin_fail" and len(alive) > 1):
+            fail = None
+            if kind == "twin_fail":
+                fail = alive.pop(step[1] % len(alive))
+            twin(c, committed, fail_node=fail, at_wave=step[2] if fail else None)
+            pending = False
         if pending and (exchange_after or i == len(steps) - 1):
             run(c, committed)
             pending = False
+    # no more events: the twin converges (unless partitions are lost: they wait for a reset)
+    result = twin(c, committed, until_stable=True)
+    status = result.stability
+    assert status is not None and (status.stable or status.lost_partitions > 0), (
+        f"the twin did not converge: {status}; rounds {result.rounds}")
     check_committed_versions(c, spec)
+
+
+def twin(c: Cluster, committed: list[Version], **kwargs: Any) -> Any:
+    """Run the twin; record the versions its exchanges commit."""
+    result = simulate(c.spark, c.warehouse, c.settings, clock=c.clock, **kwargs)
+    for r in result.rounds:
+        note(f"twin round on {r.version}: copies={r.copies} drops={r.drops} failed={r.failed_node}")
+        committed.extend((s.topology_major, s.topology_minor) for s in r.exchanges)
+    return result
 
 
 def run(c: Cluster, committed: list[Version]) -> None:

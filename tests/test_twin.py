@@ -79,3 +79,76 @@ def test_twin_errors_are_one_clear_sentence(spark: Any, tmp_path: Path) -> None:
         simulate(spark, c.warehouse, c.settings, fail_node="n1")
     with pytest.raises(TwinError, match="no alive server node 'n9'"):
         simulate(spark, c.warehouse, c.settings, fail_node="n9", at_wave=1)
+
+
+class Crash(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("point", ["after:reports", "after:event"])
+def test_rerun_after_a_twin_crash_reports_nothing_twice_and_converges(
+    spark: Any, tmp_path: Path, point: str
+) -> None:
+    c = steady_three_nodes(spark, tmp_path / "w", partitions=4)
+    c.join("n4")
+    c.exchange()
+    seq_before = c.warehouse.read("partition_reports").agg(F.max("report_seq")).first()[0]
+
+    def crash_at(reached: str) -> None:
+        if reached == point:
+            raise Crash(point)
+
+    with pytest.raises(Crash):
+        simulate(spark, c.warehouse, c.settings, fail_node="n1", at_wave=2, clock=c.clock, fault_hook=crash_at)
+    result = simulate(spark, c.warehouse, c.settings, until_stable=True, clock=c.clock)
+    assert result.stability is not None and result.stability.stable, result.stability
+    twin_reports = [(r.node_id, r.group_name, r.partition_id, r.state, r.update_counter)
+                    for r in c.warehouse.read("partition_reports").where(F.col("report_seq") > seq_before).collect()]
+    assert len(twin_reports) == len(set(twin_reports)), f"a step was reported twice: {sorted(twin_reports)}"
+    exchanges = [(r.topology_major, r.topology_minor) for r in c.warehouse.read("exchanges").collect()]
+    assert len(exchanges) == len(set(exchanges))
+    if point == "after:event":  # the failure was written before the crash: the re-run processed it
+        assert "n1" not in {r.node_id for r in c.table("topology", result.stability.version).collect()}
+
+
+def test_exchange_and_simulate_started_together_commit_one_version_and_one_clear_error(
+    spark: Any, tmp_path: Path
+) -> None:
+    import threading
+
+    from rebalancer.exchange.job import ExchangeConflictError
+
+    c = steady_three_nodes(spark, tmp_path / "w")
+    c.event("NODE_FAILED", node="n2")
+    both_computed = threading.Barrier(2, timeout=300)
+    held: set[int] = set()
+    results: dict[str, Any] = {}
+
+    def hold_once_before_commit(point: str) -> None:
+        # each run's first exchange waits for the other: both hold version 4.0 computed, uncommitted
+        if point == "after:client_affinity" and threading.get_ident() not in held:
+            held.add(threading.get_ident())
+            both_computed.wait()
+
+    def run(name: str) -> None:
+        try:
+            if name == "exchange":
+                results[name] = c.exchange(fault_hook=hold_once_before_commit)
+            else:
+                results[name] = simulate(spark, c.warehouse, c.settings, clock=c.clock,
+                                         fault_hook=hold_once_before_commit)
+        except Exception as exc:  # noqa: BLE001 - the test inspects what each run ended with
+            results[name] = exc
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in ("exchange", "simulate")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    errors = [r for r in results.values() if isinstance(r, Exception)]
+    assert len(errors) == 1 and isinstance(errors[0], ExchangeConflictError), results
+    assert "committed by another run" in str(errors[0])
+    assert len(c.rows("exchanges", (4, 0), "exchange_id")) == 1
+    assert len(c.table("affinity_assignment", (4, 0)).collect()) == 6
+    versions = [(r.topology_major, r.topology_minor) for r in c.warehouse.read("exchanges").collect()]
+    assert len(versions) == len(set(versions)), versions

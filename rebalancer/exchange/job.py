@@ -40,13 +40,14 @@ from rebalancer.exchange.versions import (
     Rejection,
     TopologyState,
     coordinator_of,
+    late_events,
     plan_exchanges,
 )
 from rebalancer.frames import scalar
 from rebalancer.planning import planner, versions
 from rebalancer.storage import Warehouse
 from rebalancer.tables import EXCHANGES, INPUT_TABLES, OUTPUT_TABLES, REJECTED_ROWS, VERSION_COLUMNS
-from rebalancer.validation import validate_inputs, with_defaults
+from rebalancer.validation import InvalidInputError, validate_inputs, with_defaults
 
 __all__ = ["ExchangeConflictError", "ExchangeSummary", "current_map", "run_exchange"]
 
@@ -137,6 +138,23 @@ def _event_rejections(spark: SparkSession, rejections: list[Rejection], exchange
         for r in rejections
     ]
     return spark.createDataFrame(rows, REJECTED_ROWS)
+
+
+def _late_events(warehouse: Warehouse, events_df: DataFrame, last_seq: int) -> list[Rejection]:
+    """Valid events at or below the newest merged seq that no exchange merged or rejected: they would never apply."""
+    if last_seq <= 0:
+        return []
+    merged_df = warehouse.read("exchanges").select(F.explode("merged_event_seqs").alias("event_seq"))
+    rejected_df = (
+        warehouse.read("rejected_rows")
+        .where(F.col("table_name") == "topology_events")
+        .select(F.get_json_object("row_json", "$.event_seq").cast("long").alias("event_seq"))
+    )
+    late_df = events_df.where(F.col("event_seq") <= last_seq).join(
+        merged_df.unionByName(rejected_df), "event_seq", "left_anti"
+    )
+    late = [Event(r.event_seq, r.event_type, r.node_id, r.group_name) for r in late_df.collect()]
+    return late_events(late, last_seq)
 
 
 def _materialize(df: DataFrame) -> DataFrame:
@@ -343,6 +361,11 @@ def run_exchange(
         for r in valid["topology_events"].where(F.col("event_seq") > last_seq).collect()
     ]
     steps, rejections = plan_exchanges(state, pending, node_catalog, group_catalog)
+    rejections = _late_events(warehouse, valid["topology_events"], last_seq) + rejections
+    if rejections and settings.validation.strict:
+        raise InvalidInputError.of(
+            {"topology_events": len(rejections)}, {"topology_events": [r.reason for r in rejections]}
+        )
     if rejections:
         _record_rejections(warehouse, _event_rejections(spark, rejections, prior + 1))
     inputs = _Inputs(

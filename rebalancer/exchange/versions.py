@@ -9,6 +9,9 @@ Rules (SPEC "Exchange (PME)", Ignite's AffinityTopologyVersion):
 - An event that cannot apply (a join of a node already alive, a leave of a node not alive, an event for a node
   or group the input tables do not know, a start of a running group, a stop of a stopped one) is rejected with a
   reason and changes nothing; it is still consumed, so it is not re-read forever.
+- A *late* event (:func:`late_events`): one whose ``event_seq`` is below the newest event a committed exchange
+  merged, and that no exchange merged or rejected. The job only reads events above that seq, so it would never
+  apply; it is rejected with a reason telling the writer to append it again with a higher ``event_seq``.
 - The coordinator is the alive server with the lowest ``node_order`` (None when no server is alive).
 
 The late affinity switch is decided from data (reports), not from events, by the exchange job.
@@ -26,6 +29,7 @@ __all__ = [
     "Rejection",
     "TopologyState",
     "coordinator_of",
+    "late_events",
     "plan_exchanges",
 ]
 
@@ -100,7 +104,10 @@ def _apply_node_event(
         alive[node] = catalog[node]
     else:
         if node not in alive:
-            return f"{event.event_type} for node {node!r}, which is not alive"
+            return (
+                f"{event.event_type} for node {node!r}, which is not alive (it already left or failed, or never "
+                "joined); the event changes nothing"
+            )
         del alive[node]
     return None
 
@@ -211,3 +218,31 @@ def _group_event_problem(event: Event, groups: set[str], catalog: frozenset[str]
     if event.event_type != "CACHE_STARTED" and group not in groups:
         return f"{event.event_type} for group {group!r}, which is not running"
     return None
+
+
+def late_events(events: Iterable[Event], last_event_seq: int) -> list[Rejection]:
+    """Reject events that arrived after a committed exchange had already moved past their ``event_seq``.
+
+    The job reads as pending only events with ``event_seq > last_event_seq`` (the newest event any committed
+    exchange merged). An event appended later with a lower seq (a writer that reserved seqs out of order, a
+    delayed retry) would therefore never be applied, silently. The caller passes exactly those events: valid,
+    ``event_seq <= last_event_seq``, merged by no exchange and with no ``rejected_rows`` entry yet (every event
+    is decided once: merged or rejected). Committed versions are never rewritten to fit them in.
+
+    Args:
+        events: the late events (any order).
+        last_event_seq: the newest event seq a committed exchange merged.
+
+    Returns:
+        One rejection per event, by ``event_seq``; the reason names the seq to append above. Once its
+        ``rejected_rows`` entry exists, the caller no longer passes the event, so it is recorded once.
+    """
+    return [
+        Rejection(
+            e,
+            f"{e.event_type} event_seq {e.event_seq} arrived late: committed exchanges already applied the events "
+            f"up to event_seq {last_event_seq}, so this event was never applied (versions are not rewritten); "
+            f"append it again with an event_seq above {last_event_seq}",
+        )
+        for e in sorted(events, key=lambda e: e.event_seq)
+    ]

@@ -10,6 +10,8 @@ The planner's rows are data; the twin is the only thing that "executes" them (``
    does not fake it with a report but lets the exchange install it, so the DROPs after it wait for the next round's
    plan (where the switch has made the surplus copies RENTING). With ``fail_node``/``at_wave`` only the steps of
    waves ``< at_wave`` run in the first round.
+   Steps whose effect the newest reports already show are skipped (:func:`not_yet_applied`), so a round run again
+   after a crash reports nothing twice.
 3. Reports, one append, ``report_seq`` in the order the steps finish (``est_end_s``, then ``migration_id``):
    a COPY turns its target OWNING with the plan's ``to_counter`` and the supplier copy's ``size`` and ``bytes``
    (its WAL history starts at that counter); a DROP turns the copy EVICTED (size and bytes 0), which removes it
@@ -43,7 +45,10 @@ from rebalancer.frames import scalar
 from rebalancer.storage import Warehouse
 from rebalancer.tables import PARTITION_REPORTS, VERSION_COLUMNS
 
-__all__ = ["Stability", "TwinError", "TwinResult", "TwinRound", "simulate", "stability"]
+__all__ = [
+    "Stability", "TwinError", "TwinResult", "TwinRound", "executable_steps", "not_yet_applied", "reports_for",
+    "simulate", "stability",
+]
 
 COPY, PROMOTE, DROP = "COPY", "PROMOTE", "DROP"
 
@@ -110,6 +115,33 @@ def executable_steps(plan_df: DataFrame, before_wave: int | None = None) -> Data
     if before_wave is not None:
         steps_df = steps_df.where(F.col("wave") < before_wave)
     return steps_df.where(F.col("action") != PROMOTE).drop("_promote_step")
+
+
+def not_yet_applied(steps_df: DataFrame, map_now_df: DataFrame) -> DataFrame:
+    """``steps_df`` without the steps whose effect the newest reports already show.
+
+    A COPY is applied once its target owns the partition at ``to_counter`` or later; a DROP once the copy has left
+    the map. This makes a round idempotent: a twin that crashed after writing its reports, run again, does not
+    report the same steps twice.
+
+    Args:
+        steps_df: COPY and DROP steps of one plan.
+        map_now_df: the committed map overridden by the newest reports (``exchange.job.current_map``).
+    """
+    part = list(PARTITION_KEY)
+    owned_df = map_now_df.where(F.col("state") == OWNING).select(
+        *part, F.col("node_id").alias("target_node"), F.col("update_counter").alias("_owned_counter")
+    )
+    held_df = map_now_df.select(*part, F.col("node_id").alias("source_node"), F.lit(True).alias("_held"))
+    return (
+        steps_df.join(owned_df, [*part, "target_node"], "left")
+        .join(held_df, [*part, "source_node"], "left")
+        .where(
+            ((F.col("action") == COPY) & ~F.coalesce(F.col("_owned_counter") >= F.col("to_counter"), F.lit(False)))
+            | ((F.col("action") == DROP) & F.coalesce(F.col("_held"), F.lit(False)))
+        )
+        .drop("_owned_counter", "_held")
+    )
 
 
 def reports_for(steps_df: DataFrame, map_df: DataFrame, first_seq: int) -> DataFrame:
@@ -201,12 +233,14 @@ def _run_round(
     clock: Callable[[], datetime],
     hook: Callable[[str], None],
 ) -> TwinRound:
-    before = run_exchange(spark, warehouse, settings, clock=clock)
-    version = _latest_version(warehouse)
-    if version is None:
+    before = run_exchange(spark, warehouse, settings, clock=clock, fault_hook=hook)
+    current = current_map(spark, warehouse)
+    if current is None:
         raise TwinError("no exchange has been committed yet; run `rebalancer exchange` first")
+    version, now_df = current
     plan_df = _at(warehouse.read("migration_plan"), version)
-    steps_df = executable_steps(plan_df, before_wave=fail[1] if fail else None).localCheckpoint(eager=True)
+    steps_df = not_yet_applied(executable_steps(plan_df, before_wave=fail[1] if fail else None), now_df)
+    steps_df = steps_df.localCheckpoint(eager=True)
     counts = {r["action"]: int(r["n"]) for r in steps_df.groupBy("action").agg(F.count(F.lit(1)).alias("n")).collect()}
     waiting = plan_df.where(F.col("action") == PROMOTE).count()
     if counts:
@@ -221,7 +255,7 @@ def _run_round(
         append_event(spark, warehouse, "NODE_FAILED", node_id=fail[0], now=clock())
         failed = fail[0]
         hook("after:event")
-    after = run_exchange(spark, warehouse, settings, clock=clock)
+    after = run_exchange(spark, warehouse, settings, clock=clock, fault_hook=hook)
     steps_df.unpersist()
     return TwinRound(
         version=version,
@@ -257,7 +291,8 @@ def simulate(
         at_wave: the failure happens once the steps of waves ``1 .. at_wave - 1`` have finished.
         max_rounds: the most rounds ``until_stable`` runs.
         clock: the time source for events and exchanges.
-        fault_hook: called with a point name after each write of the twin (tests inject crashes here).
+        fault_hook: called with a point name after each write: the twin's (``after:reports``, ``after:event``)
+            and those of the exchanges it runs (``after:<table>``); tests inject crashes and pauses here.
         on_round: called after each round (the CLI prints it).
 
     Raises:
