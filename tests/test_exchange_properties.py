@@ -11,6 +11,7 @@ always after the last one; skipped when no event or report is new), so some step
 - ``own``: MOVING copies of the committed map report OWNING at the partition's maximum OWNING counter (all of
   them, or a subset picked by a bit mask), which can make a late affinity switch due;
 - ``reset``: ``RESET_LOST_PARTITIONS`` for a group;
+- ``cache``: ``CACHE_STOPPED`` for a running group, or ``CACHE_STARTED`` for a stopped one (it restarts empty);
 - ``twin``: one round of the twin (it executes the committed plan and runs the exchanges that become due);
 - ``twin_fail``: the same, with an alive server failing once the steps of the first waves have finished.
 
@@ -85,6 +86,7 @@ step_st = st.one_of(
     st.tuples(st.just("join")),
     st.tuples(st.just("client")),
     st.tuples(st.just("reset"), st.integers(0, 1)),
+    st.tuples(st.just("cache"), st.integers(0, 1)),  # stop a running group, or start a stopped one again
     st.tuples(st.just("twin")),  # one twin round: executes the committed plan, runs the exchanges it makes due
     st.tuples(st.just("twin_fail"), st.integers(0, 4), st.integers(1, 3)),  # ... with a server failing at a wave
 )
@@ -116,6 +118,7 @@ def test_exchange_invariants_hold_on_random_clusters_and_events(
     run(c, committed)
     assert len(committed) == 1
     new_servers, clients = itertools.count(servers + 1), itertools.count(1)
+    running = set(spec)  # groups the events leave running
     pending = False  # new events or reports since the last run (a run without any would repeat the last one)
     for i, (step, exchange_after) in enumerate(steps):
         kind = step[0]
@@ -134,6 +137,11 @@ def test_exchange_invariants_hold_on_random_clusters_and_events(
             pending = report_owning(c, committed[-1], set(alive), step[1]) or pending
         elif kind == "reset":
             c.event("RESET_LOST_PARTITIONS", group=f"g{step[1] % len(spec)}")
+            pending = True
+        elif kind == "cache":
+            group = f"g{step[1] % len(spec)}"
+            c.event("CACHE_STOPPED" if group in running else "CACHE_STARTED", group=group)
+            running ^= {group}
             pending = True
         elif kind == "twin" or (kind == "twin_fail" and len(alive) > 1):
             fail = None
