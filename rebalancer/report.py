@@ -42,6 +42,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
+from rebalancer.frames import at_version
+from rebalancer.operations import latest_committed_version
 from rebalancer.storage import Warehouse
 
 __all__ = [
@@ -199,23 +201,16 @@ def parse_version(text: str) -> tuple[int, int]:
 
 
 # ---- collection (Spark) ----
-def _at(df: DataFrame, version: tuple[int, int]) -> DataFrame:
-    major, minor = version
-    return df.where((F.col("topology_major") == major) & (F.col("topology_minor") == minor))
-
-
 def _committed_versions(warehouse: Warehouse, version: tuple[int, int] | None) -> tuple[
     tuple[int, int], tuple[int, int] | None
 ]:
     """The version to report (default: the latest committed) and the committed version before it."""
     exchanges_df = warehouse.read("exchanges")
-    latest = exchanges_df.orderBy(F.col("topology_major").desc(), F.col("topology_minor").desc()).select(
-        "topology_major", "topology_minor").first()
-    if latest is None:
+    latest_version = latest_committed_version(warehouse)
+    if latest_version is None:
         raise LookupError("no exchange has been committed yet; run `rebalancer exchange` first")
-    latest_version = (int(latest[0]), int(latest[1]))
     target = version or latest_version
-    if _at(exchanges_df, target).limit(1).count() == 0:
+    if at_version(exchanges_df, target).limit(1).count() == 0:
         raise LookupError(
             f"version {_version_text(target)} was never committed; the latest is {_version_text(latest_version)}"
         )
@@ -354,22 +349,24 @@ def collect_report_data(
         LookupError: no exchange has been committed yet, or ``version`` was never committed.
     """
     target, previous = _committed_versions(warehouse, version)
-    exchange = _exchange_summary(_at(warehouse.read("exchanges"), target))
-    before = _node_load(_at(warehouse.read("affinity_assignment"), previous)) if previous else {}
-    after = _node_load(_at(warehouse.read("ideal_assignment"), target))
-    plan_df = _at(warehouse.read("migration_plan"), target).select(
+    exchange = _exchange_summary(at_version(warehouse.read("exchanges"), target))
+    before = _node_load(at_version(warehouse.read("affinity_assignment"), previous)) if previous else {}
+    after = _node_load(at_version(warehouse.read("ideal_assignment"), target))
+    plan_df = at_version(warehouse.read("migration_plan"), target).select(
         "action", "source_node", "target_node", "bytes", "est_start_s", "est_end_s"
     )
     sent, received = _bytes_moved(plan_df)
     schedule = _schedule(plan_df, exchange.makespan_s)
     lost = {
         r["group_name"]: int(r["n"])
-        for r in _at(warehouse.read("lost_partitions"), target).groupBy("group_name").agg(F.count(F.lit(1)).alias("n"))
+        for r in at_version(warehouse.read("lost_partitions"), target)
+        .groupBy("group_name")
+        .agg(F.count(F.lit(1)).alias("n"))
         .collect()
     }
     conflicts = {
         (r["group_name"], r["action"]): int(r["n"])
-        for r in _at(warehouse.read("counter_conflicts"), target)
+        for r in at_version(warehouse.read("counter_conflicts"), target)
         .groupBy("group_name", "action")
         .agg(F.count(F.lit(1)).alias("n"))
         .collect()

@@ -114,12 +114,16 @@ def test_exchange_export_affinity_and_route(spark: Any, tmp_path: Path, capsys: 
         assert str(routing.partition("group1", key)) in line and nodes[0] in line
 
 
+def test_simulate_options_are_checked_before_any_work(spark: Any, tmp_path: Path, capsys: Any) -> None:
+    code, _, err = run(capsys, "--warehouse", str(tmp_path / "w"), "simulate", "--fail", "node0")
+    assert code == 1 and "error: --fail NODE and --at-wave K go together" in err
+
+
+@pytest.mark.slow  # the demo test runs the same twin printing; this one checks the command on its own
 def test_simulate_runs_the_twin_until_stable(spark: Any, tmp_path: Path, capsys: Any) -> None:
     w = str(tmp_path / "w")
     run(capsys, "--warehouse", w, "generate", "--nodes", "3", "--groups", "1", "--partitions", "8", "--backups", "1")
     assert run(capsys, "--warehouse", w, "exchange")[0] == 0
-    code, out, err = run(capsys, "--warehouse", w, "simulate", "--fail", "node0")
-    assert code == 1 and "error: --fail NODE and --at-wave K go together" in err
     run(capsys, "--warehouse", w, "event", "NODE_JOINED", "--node", "node3")
     code, out, _ = run(capsys, "--warehouse", w, "simulate", "--until-stable")
     assert code == 0, out

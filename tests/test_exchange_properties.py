@@ -41,7 +41,7 @@ and, beside the issue's list: the map and the assignment only name alive servers
 temporary, all OWNING); an OWNING report that a version consumes (``report_seq`` up to its ``max_report_seq``)
 from an alive server shows as an OWNING (or RENTING) copy in that version's map.
 
-Each example runs 2-5 real exchanges of several seconds each, so the default run is capped at 4 examples
+Each example runs 2-5 real exchanges of several seconds each, so the default run is capped at 3 examples
 (``EXAMPLES`` below). Longer runs: ``HYPOTHESIS_PROFILE=soak .venv/bin/python -m pytest
 tests/test_exchange_properties.py`` uses the soak profile's ``max_examples`` (1000: hours), and
 ``EXCHANGE_PROPERTY_EXAMPLES=N`` sets any count (e.g. 30 for a run of about half an hour).
@@ -67,7 +67,7 @@ from tests.exchange_scenarios import Cluster
 if os.environ.get("EXCHANGE_PROPERTY_EXAMPLES"):
     EXAMPLES = int(os.environ["EXCHANGE_PROPERTY_EXAMPLES"])
 elif os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci":
-    EXAMPLES = 4
+    EXAMPLES = 3
 else:
     EXAMPLES = settings.default.max_examples
 

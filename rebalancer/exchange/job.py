@@ -43,7 +43,7 @@ from rebalancer.exchange.versions import (
     late_events,
     plan_exchanges,
 )
-from rebalancer.frames import scalar
+from rebalancer.frames import at_version, scalar
 from rebalancer.planning import planner, versions
 from rebalancer.storage import Warehouse
 from rebalancer.tables import EXCHANGES, INPUT_TABLES, OUTPUT_TABLES, REJECTED_ROWS, VERSION_COLUMNS
@@ -99,17 +99,13 @@ def _with_version(df: DataFrame, major: int, minor: int) -> DataFrame:
     )
 
 
-def _at_version(df: DataFrame, major: int, minor: int) -> DataFrame:
-    return df.where((F.col("topology_major") == major) & (F.col("topology_minor") == minor)).drop(*VERSION_COLUMNS)
-
-
 def _last_committed(warehouse: Warehouse) -> _Committed | None:
     last = warehouse.read("exchanges").orderBy(F.col("exchange_id").desc()).limit(1).collect()
     if not last:
         return None
     row = last[0]
     last_event_seq = scalar(warehouse.read("exchanges").agg(F.max(F.array_max("merged_event_seqs"))))
-    topology = _at_version(warehouse.read("topology"), row.topology_major, row.topology_minor).collect()
+    topology = at_version(warehouse.read("topology"), (row.topology_major, row.topology_minor)).collect()
     alive = {t.node_id: NodeInfo(int(t.node_order), bool(t.is_client)) for t in topology}
     state = TopologyState(row.topology_major, row.topology_minor, alive, frozenset(row.running_groups or []))
     return _Committed(row.exchange_id, state, int(last_event_seq or 0), row.max_report_seq)
@@ -171,7 +167,7 @@ def _previous(warehouse: Warehouse, prev: _Committed | None, name: str) -> DataF
     df = warehouse.read(name)
     if prev is None:
         return df.limit(0).drop(*VERSION_COLUMNS)
-    return _at_version(df, prev.state.major, prev.state.minor)
+    return at_version(df, (prev.state.major, prev.state.minor))
 
 
 @dataclass(frozen=True)

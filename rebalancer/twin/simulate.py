@@ -41,9 +41,10 @@ from pyspark.sql import functions as F
 from rebalancer.config import Settings
 from rebalancer.exchange.fullmap import COPY_KEY, OWNING, PARTITION_KEY
 from rebalancer.exchange.job import ExchangeSummary, current_map, run_exchange
-from rebalancer.frames import scalar
+from rebalancer.frames import at_version, scalar
+from rebalancer.operations import append_event, latest_committed_version
 from rebalancer.storage import Warehouse
-from rebalancer.tables import PARTITION_REPORTS, VERSION_COLUMNS
+from rebalancer.tables import PARTITION_REPORTS
 
 __all__ = [
     "Stability", "TwinError", "TwinResult", "TwinRound", "executable_steps", "not_yet_applied", "reports_for",
@@ -93,11 +94,6 @@ class TwinRound:
 class TwinResult:
     rounds: tuple[TwinRound, ...] = field(default_factory=tuple)
     stability: Stability | None = None
-
-
-def _at(df: DataFrame, version: tuple[int, int]) -> DataFrame:
-    major, minor = version
-    return df.where((F.col("topology_major") == major) & (F.col("topology_minor") == minor)).drop(*VERSION_COLUMNS)
 
 
 def executable_steps(plan_df: DataFrame, before_wave: int | None = None) -> DataFrame:
@@ -198,8 +194,8 @@ def stability(spark: SparkSession, warehouse: Warehouse) -> Stability | None:
     if current is None:
         return None
     version, map_df = current
-    ideal_df = _at(warehouse.read("ideal_assignment"), version).select(*COPY_KEY, "replica_index")
-    assignment_df = _at(warehouse.read("affinity_assignment"), version).select(*COPY_KEY, "replica_index")
+    ideal_df = at_version(warehouse.read("ideal_assignment"), version).select(*COPY_KEY, "replica_index")
+    assignment_df = at_version(warehouse.read("affinity_assignment"), version).select(*COPY_KEY, "replica_index")
     # Rows present on one side only (a full outer join with side markers, one job).
     sided_df = ideal_df.withColumn("_ideal", F.lit(1)).join(
         assignment_df.withColumn("_serving", F.lit(1)), [*COPY_KEY, "replica_index"], "full"
@@ -210,19 +206,8 @@ def stability(spark: SparkSession, warehouse: Warehouse) -> Stability | None:
         assignment_differences=sided_df.where(F.col("_ideal").isNull() | F.col("_serving").isNull()).count(),
         ideal_not_owning=ideal_df.select(*COPY_KEY).join(owning_df, list(COPY_KEY), "left_anti").count(),
         surplus_copies=map_df.select(*COPY_KEY).join(ideal_df.select(*COPY_KEY), list(COPY_KEY), "left_anti").count(),
-        lost_partitions=_at(warehouse.read("lost_partitions"), version).count(),
+        lost_partitions=at_version(warehouse.read("lost_partitions"), version).count(),
     )
-
-
-def _latest_version(warehouse: Warehouse) -> tuple[int, int] | None:
-    row = (
-        warehouse.read("exchanges")
-        .orderBy(F.col("exchange_id").desc())
-        .select("topology_major", "topology_minor")
-        .limit(1)
-        .collect()
-    )
-    return (int(row[0][0]), int(row[0][1])) if row else None
 
 
 def _run_round(
@@ -238,20 +223,18 @@ def _run_round(
     if current is None:
         raise TwinError("no exchange has been committed yet; run `rebalancer exchange` first")
     version, now_df = current
-    plan_df = _at(warehouse.read("migration_plan"), version)
+    plan_df = at_version(warehouse.read("migration_plan"), version)
     steps_df = not_yet_applied(executable_steps(plan_df, before_wave=fail[1] if fail else None), now_df)
     steps_df = steps_df.localCheckpoint(eager=True)
     counts = {r["action"]: int(r["n"]) for r in steps_df.groupBy("action").agg(F.count(F.lit(1)).alias("n")).collect()}
     waiting = plan_df.where(F.col("action") == PROMOTE).count()
     if counts:
         first_seq = int(scalar(warehouse.read("partition_reports").agg(F.coalesce(F.max("report_seq"), F.lit(0))))) + 1
-        map_df = _at(warehouse.read("partition_map"), version)
+        map_df = at_version(warehouse.read("partition_map"), version)
         warehouse.append("partition_reports", reports_for(steps_df, map_df, first_seq))
         hook("after:reports")
     failed = None
     if fail is not None:
-        from rebalancer.operations import append_event
-
         append_event(spark, warehouse, "NODE_FAILED", node_id=fail[0], now=clock())
         failed = fail[0]
         hook("after:event")
@@ -324,10 +307,10 @@ def simulate(
 
 
 def _check_alive_server(warehouse: Warehouse, node_id: str) -> None:
-    version = _latest_version(warehouse)
+    version = latest_committed_version(warehouse)
     if version is None:
         raise TwinError("no exchange has been committed yet; run `rebalancer exchange` first")
-    alive = _at(warehouse.read("topology"), version).where(
+    alive = at_version(warehouse.read("topology"), version).where(
         (F.col("node_id") == node_id) & ~F.coalesce(F.col("is_client"), F.lit(False))
     )
     if alive.limit(1).count() == 0:
