@@ -127,17 +127,21 @@ def plan_migrations(
         )
     )
     none_long = F.lit(None).cast("long")
+    # What a PROMOTE or a DROP carries in the COPY columns: no mode, counters or candidates, and no bytes.
+    no_data = [
+        F.lit(None).cast("string").alias("rebalance_mode"),
+        none_long.alias("from_counter"),
+        none_long.alias("to_counter"),
+        F.lit(0).cast("long").alias("bytes"),
+        F.lit(None).cast("array<string>").alias("candidates"),
+    ]
     promotes_df = facts_df.where("_promote").select(
         *part,
         (F.col("_copies") + 1).alias("step"),
         F.lit(PROMOTE).alias("action"),
         F.col("primary_node").alias("source_node"),
         F.col("_ideal_primary").alias("target_node"),
-        F.lit(None).cast("string").alias("rebalance_mode"),
-        none_long.alias("from_counter"),
-        none_long.alias("to_counter"),
-        F.lit(0).cast("long").alias("bytes"),
-        F.lit(None).cast("array<string>").alias("candidates"),
+        *no_data,
     )
     surplus_df = map_df.select(*key).join(ideal_df.select(*key), key, "left_anti")
     drops_df = surplus_df.join(facts_df, part).select(
@@ -150,11 +154,7 @@ def plan_migrations(
         F.lit(DROP).alias("action"),
         F.col("node_id").alias("source_node"),
         F.lit(None).cast("string").alias("target_node"),
-        F.lit(None).cast("string").alias("rebalance_mode"),
-        none_long.alias("from_counter"),
-        none_long.alias("to_counter"),
-        F.lit(0).cast("long").alias("bytes"),
-        F.lit(None).cast("array<string>").alias("candidates"),
+        *no_data,
     )
     steps_df = copies_df.unionByName(promotes_df).unionByName(drops_df).join(
         facts_df.select(*part, "primary_node", "owners", "replicas"), part

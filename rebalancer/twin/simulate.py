@@ -152,10 +152,31 @@ def reports_for(steps_df: DataFrame, map_df: DataFrame, first_seq: int) -> DataF
         ``partition_reports`` rows.
     """
     copy_of = map_df.select(*COPY_KEY, "update_counter", "size", "bytes")
-    copied_df = _copied(steps_df, copy_of)
+    # A COPY's target owns the supplier's copy at to_counter (its WAL history starts there).
+    copied_df = (
+        steps_df.where(F.col("action") == COPY)
+        .join(
+            copy_of.select(*PARTITION_KEY, F.col("node_id").alias("source_node"), F.col("size").alias("_size"),
+                           F.col("bytes").alias("_bytes")),  # the plan's own bytes column is the replay size
+            [*PARTITION_KEY, "source_node"],
+            "left",
+        )
+        .select(
+            F.col("target_node").alias("node_id"), *PARTITION_KEY, F.lit(OWNING).alias("state"),
+            F.col("to_counter").alias("update_counter"),
+            F.coalesce(F.col("_size"), F.lit(0)).alias("size"),
+            F.coalesce(F.col("_bytes"), F.lit(0)).alias("bytes"),
+            F.col("to_counter").alias("wal_history_counter"), "est_end_s", "migration_id",
+        )
+    )
+    # A DROP's node evicts its copy.
     dropped_df = (
         steps_df.where(F.col("action") == DROP)
-        .join(copy_of.withColumnRenamed("node_id", "source_node"), [*PARTITION_KEY, "source_node"], "left")
+        .join(
+            copy_of.select(*PARTITION_KEY, F.col("node_id").alias("source_node"), "update_counter"),
+            [*PARTITION_KEY, "source_node"],
+            "left",
+        )
         .select(
             F.col("source_node").alias("node_id"), *PARTITION_KEY, F.lit("EVICTED").alias("state"),
             F.coalesce(F.col("update_counter"), F.lit(0)).alias("update_counter"),
@@ -168,24 +189,6 @@ def reports_for(steps_df: DataFrame, map_df: DataFrame, first_seq: int) -> DataF
         "report_seq", F.lit(first_seq - 1).cast("long") + F.row_number().over(order)
     )
     return out_df.select(*[F.col(f.name).cast(f.dataType) for f in PARTITION_REPORTS.fields])
-
-
-def _copied(steps_df: DataFrame, copy_of: DataFrame) -> DataFrame:
-    supplier = copy_of.select(
-        *PARTITION_KEY, F.col("node_id").alias("source_node"),
-        F.col("size").alias("_size"), F.col("bytes").alias("_bytes"),
-    )
-    return (
-        steps_df.where(F.col("action") == COPY)
-        .join(supplier, [*PARTITION_KEY, "source_node"], "left")
-        .select(
-            F.col("target_node").alias("node_id"), *PARTITION_KEY, F.lit(OWNING).alias("state"),
-            F.col("to_counter").alias("update_counter"),
-            F.coalesce(F.col("_size"), F.lit(0)).alias("size"),
-            F.coalesce(F.col("_bytes"), F.lit(0)).alias("bytes"),
-            F.col("to_counter").alias("wal_history_counter"), "est_end_s", "migration_id",
-        )
-    )
 
 
 def stability(spark: SparkSession, warehouse: Warehouse) -> Stability | None:
