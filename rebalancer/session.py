@@ -18,7 +18,12 @@ from rebalancer.config import SparkSettings
 __all__ = ["LOCAL_SPARK_CONF", "get_spark"]
 
 _LOG4J = Path(__file__).with_name("log4j2.properties")
-_JAVA_OPTIONS = f"-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Duser.timezone=UTC -Dlog4j.configurationFile={_LOG4J}"
+# C1-only JIT starts fast (FIELD-NOTES), but its default 48 MB code cache fills up in a long session (a twin run
+# of many exchanges: "CodeCache is full. Compiler has been disabled"), after which the JVM only interprets.
+_JAVA_OPTIONS = (
+    "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m -Duser.timezone=UTC "
+    f"-Dlog4j.configurationFile={_LOG4J}"
+)
 
 # Applied only to sessions rebalancer builds itself.
 LOCAL_SPARK_CONF: dict[str, str] = {
