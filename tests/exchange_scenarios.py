@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -94,3 +95,23 @@ def assert_table(cluster: Cluster, name: str, version: tuple[int, int], columns:
     actual = cluster.table(name, version).select(*columns)
     expected_df = cluster.spark.createDataFrame(expected, actual.schema)
     assert_df_equality(actual, expected_df, ignore_row_order=True, ignore_nullable=True)
+
+
+def run_together(calls: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+    """Run each call in its own thread at once; what each returned, or the exception it raised, by name."""
+    import threading
+
+    results: dict[str, Any] = {}
+
+    def run(name: str) -> None:
+        try:
+            results[name] = calls[name]()
+        except Exception as exc:  # noqa: BLE001 - the caller inspects what each run ended with
+            results[name] = exc
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from rebalancer.exchange.job import VERSIONED_TABLES
-from tests.exchange_scenarios import Cluster, assert_table
+from tests.exchange_scenarios import Cluster, assert_table, run_together
 
 ASSIGNMENT = ["group_name", "partition_id", "replica_index", "node_id", "is_temporary"]
 MAP = ["group_name", "partition_id", "node_id", "state", "update_counter", "size"]
@@ -257,23 +257,12 @@ def test_two_concurrent_runs_commit_one_version_and_one_clear_error(spark: Any, 
     c = steady_three_nodes(spark, tmp_path / "w")
     c.event("NODE_FAILED", node="n2")
     both_computed = threading.Barrier(2, timeout=300)
-    results: dict[str, Any] = {}
 
     def hold_before_commit(point: str) -> None:
         if point == "after:client_affinity":  # the last output: both runs now hold version 4.0, uncommitted
             both_computed.wait()
 
-    def run(name: str) -> None:
-        try:
-            results[name] = c.exchange(fault_hook=hold_before_commit)
-        except Exception as exc:  # noqa: BLE001 - the test inspects what each run ended with
-            results[name] = exc
-
-    threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = run_together({name: lambda: c.exchange(fault_hook=hold_before_commit) for name in ("a", "b")})
     outcomes = sorted(results.values(), key=lambda r: isinstance(r, Exception))
     assert isinstance(outcomes[0], list) and [s.topology_major for s in outcomes[0]] == [4], results
     assert isinstance(outcomes[1], ExchangeConflictError), results

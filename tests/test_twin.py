@@ -9,7 +9,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from rebalancer.twin.simulate import TwinError, simulate, stability
-from tests.exchange_scenarios import Cluster
+from tests.exchange_scenarios import Cluster, run_together
 from tests.test_exchange_job import steady_three_nodes
 
 
@@ -124,7 +124,6 @@ def test_exchange_and_simulate_started_together_commit_one_version_and_one_clear
     c.event("NODE_FAILED", node="n2")
     both_computed = threading.Barrier(2, timeout=300)
     held: set[int] = set()
-    results: dict[str, Any] = {}
 
     def hold_once_before_commit(point: str) -> None:
         # each run's first exchange waits for the other: both hold version 4.0 computed, uncommitted
@@ -132,21 +131,10 @@ def test_exchange_and_simulate_started_together_commit_one_version_and_one_clear
             held.add(threading.get_ident())
             both_computed.wait()
 
-    def run(name: str) -> None:
-        try:
-            if name == "exchange":
-                results[name] = c.exchange(fault_hook=hold_once_before_commit)
-            else:
-                results[name] = simulate(spark, c.warehouse, c.settings, clock=c.clock,
-                                         fault_hook=hold_once_before_commit)
-        except Exception as exc:  # noqa: BLE001 - the test inspects what each run ended with
-            results[name] = exc
-
-    threads = [threading.Thread(target=run, args=(name,)) for name in ("exchange", "simulate")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = run_together({
+        "exchange": lambda: c.exchange(fault_hook=hold_once_before_commit),
+        "simulate": lambda: simulate(spark, c.warehouse, c.settings, clock=c.clock, fault_hook=hold_once_before_commit),
+    })
     errors = [r for r in results.values() if isinstance(r, Exception)]
     assert len(errors) == 1 and isinstance(errors[0], ExchangeConflictError), results
     assert "committed by another run" in str(errors[0])
