@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-all soak lint bench clean
+.PHONY: install demo test test-all soak lint bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 not found (tried python3.11, python3)"; exit 1; }
@@ -35,10 +35,15 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check rebalancer tests bench jobs
 	$(VENV)/bin/mypy rebalancer
 
+# Every benchmark (scenarios S to XXL, bench/migrations.py, bench/affinity.py), one process each: writes
+# bench/results/latest.json, docs/BENCHMARKS.md and docs/images/bench-*.png. Takes long on 2 cores.
 bench: $(STAMP)
-	$(PY) bench/affinity.py
-	$(PY) bench/exchange.py
-	$(PY) bench/migrations.py
+	$(PY) bench/suite.py
+
+# Scenarios S and M only (3 warm + 1 whole-process run per change): writes bench/results/quick.json and prints
+# the tables; leaves latest.json and docs/ alone.
+bench-quick: $(STAMP)
+	$(PY) bench/suite.py --quick
 
 clean:
 	rm -rf $(VENV) warehouse spark-warehouse build *.egg-info

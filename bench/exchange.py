@@ -1,14 +1,24 @@
-"""Benchmark: the partition map exchange after one node failure (100 nodes, 65,536 partitions, 2 backups).
+"""Benchmark: the partition map exchange after one topology change (one scenario change per invocation).
 
-Setup (untimed): generate a steady cluster with a fixed seed into a fresh warehouse, run the first exchange (the
-initial joins, all merged into one version) once, and copy the warehouse aside as a pristine snapshot. Then, for
+A scenario change is a cluster (``--nodes``, ``--groups``, ``--partitions-total``, ``--backups``, ``--seed``,
+``--conf``) and one event (``--event NODE_FAILED|NODE_LEFT|NODE_JOINED``, ``--node``; ``--fail-node X`` is short for
+``--event NODE_FAILED --node X``). Default: 100 nodes, 1 group x 65,536 partitions, 2 backups, ``node50`` fails.
+``bench/suite.py`` runs every scenario of docs/BENCHMARKS.md through this script, one subprocess per change.
+
+Setup (untimed): ``rebalancer --warehouse W [--conf C] generate ...`` (the CLI, in a subprocess, so the scenario is
+exactly what the command generates) into a fresh warehouse; then the first exchange (the initial joins, all merged
+into one version) in this process; the warehouse is kept aside as a pristine snapshot (``--save-pristine DIR`` also
+copies it there, and ``--pristine DIR`` reuses such a copy instead of generating; the session then runs one untimed
+exchange of the change instead of the first exchange, so that the warm runs always follow an exchange). Then, for
 each of ``--runs`` rounds, in this order:
 
-- ``cli``: restore the warehouse from the snapshot, append ``NODE_FAILED <node>``, and time the whole process
+- ``cli`` (the first ``--cli-runs`` rounds, default all): restore the warehouse from the snapshot, append the event
+  (``rebalancer.operations.append_event``, fixed event time), and time the whole process
   ``rebalancer --warehouse W exchange`` (subprocess wall time: interpreter start, imports, JVM start, the exchange,
-  shutdown). The CLI's own step lines split it into "starting Spark" and "running the exchange".
+  shutdown). The CLI's own lines split it into "starting Spark" and "running the exchange", and its
+  ``seconds by stage:`` line into the stages of ``rebalancer.exchange.job.STAGES``.
 - ``warm``: restore again, append the same event, and time ``run_exchange`` in this process, whose session is
-  already started and has already run the generator and the first exchange.
+  already started and has already run the first exchange. ``ExchangeSummary.stage_seconds`` gives the stages.
 
 Both use the same settings (``--conf``, default: ``conf/default.toml``'s values: ``local[*]``, 8 shuffle
 partitions, 4g driver) and the same storage engine. Every run must commit the same exchange with the same counts;
@@ -20,18 +30,33 @@ are reset (``/proc/<pid>/clear_refs``), so each figure belongs to one run. CPU s
 the whole machine (``/proc/stat``) are read around each run; the difference is what other work on the machine
 used. The load average is sampled every 5 s.
 
-After the timed rounds one more warm run is *instrumented* (not part of the figures): ``cProfile`` (cumulative
-wall time per function), a 20 Hz wall-clock stack sampler of the main thread (time per line of
-``rebalancer/exchange/job.py``, so per stage, and per kind of wait: Spark JVM via py4j, delta-rs, Python), and the
-number of Spark jobs and tasks it ran.
+After the timed rounds, from the committed tables of the last run (untimed):
 
-Writes ``bench/results/exchange.json`` and prints Markdown tables. Run from the repository root::
+- rows and bytes written: rows of the new version per table, data files and bytes each table gained;
+- data-bearing migrations: COPY steps of the committed ``migration_plan``, against the theoretical minimum counted
+  independently in Spark SQL (ideal copies at the new version whose node holds no OWNING copy in the previous
+  version's ``partition_map`` among the nodes alive now, for partitions with at least one such owner), and the
+  *balance minimum* (a failure or leave: the copies the node owned; a join: ceil(replicas / nodes));
+- replicas per node (max, mean, min) of the new ``ideal_assignment``;
+- makespans: the plan is rebuilt from the committed tables of the new version with
+  ``planner.plan_migrations`` and scheduled in this process (``rebalancer.planning.schedule``) by the policies
+  ``ours``, ``hazelcast`` and ``serial`` at the configured cap, with the lower bound of ours; ``--caps 1,2,5``
+  adds a sweep over per-node caps.
 
-    .venv/bin/python bench/exchange.py                 # 1 group x 65,536 partitions (the default layout)
-    .venv/bin/python bench/exchange.py --groups 64     # 64 groups x 1,024 partitions
+Optionally (not with ``--no-profile``) one more warm run is *instrumented* (not part of the figures): ``cProfile``
+(cumulative wall time per function), a 20 Hz wall-clock stack sampler of the main thread (time per line of
+``rebalancer/exchange/job.py``, and per kind of wait: Spark JVM via py4j, delta-rs, Python), and the number of
+Spark jobs and tasks it ran.
+
+Writes ``--out`` (default ``bench/results/exchange.json``) and prints Markdown tables. Run from the repository root::
+
+    .venv/bin/python bench/exchange.py                  # 1 group x 65,536 partitions, node50 fails
+    .venv/bin/python bench/exchange.py --groups 64      # 64 groups x 1,024 partitions
+    .venv/bin/python bench/exchange.py --nodes 9 --partitions-total 20000 --backups 1 \\
+        --event NODE_JOINED --node node9 --conf bench/conf/hazelcast.toml --caps 1,2,5,10,20
 
 Options for experiments: ``--spark-conf KEY=VALUE`` (both modes; the CLI gets it through ``PYSPARK_SUBMIT_ARGS``),
-``--no-cli``, ``--runs``, ``--pristine DIR`` (reuse a kept post-first-exchange warehouse), ``--keep``.
+``--no-cli``, ``--runs``, ``--cli-runs``, ``--pristine DIR``, ``--keep``.
 """
 
 from __future__ import annotations
@@ -74,8 +99,12 @@ from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 from rebalancer.config import Settings, load_settings  # noqa: E402
-from rebalancer.exchange.job import VERSIONED_TABLES, ExchangeSummary, run_exchange  # noqa: E402
-from rebalancer.operations import append_event, generate_into  # noqa: E402
+from rebalancer.exchange.fullmap import latest_reports  # noqa: E402
+from rebalancer.exchange.job import STAGES, VERSIONED_TABLES, ExchangeSummary, run_exchange  # noqa: E402
+from rebalancer.frames import at_version  # noqa: E402
+from rebalancer.operations import append_event  # noqa: E402
+from rebalancer.planning import planner  # noqa: E402
+from rebalancer.planning.schedule import lower_bound, makespan, schedule  # noqa: E402
 from rebalancer.session import get_spark  # noqa: E402
 from rebalancer.storage import Warehouse, open_warehouse  # noqa: E402
 
@@ -84,6 +113,8 @@ NODES = 100
 BACKUPS = 2
 SEED = 20_261_121
 RUNS = 3
+EVENTS = ("NODE_FAILED", "NODE_LEFT", "NODE_JOINED")
+POLICIES = ("ours", "hazelcast", "serial")
 # A fixed event time keeps every run's inputs identical.
 EVENT_TIME = datetime(2026, 1, 2, tzinfo=UTC)
 COUNT_FIELDS = (
@@ -401,7 +432,8 @@ class Context:
     settings: Settings
     warehouse_dir: Path
     pristine_dir: Path
-    failed_node: str
+    event_type: str
+    node: str
     cli: Path
     conf: Path | None
     spark_conf: dict[str, str]
@@ -411,12 +443,14 @@ class Context:
 
 
 def restore(ctx: Context) -> float:
-    """Put the warehouse back to the post-first-exchange snapshot and append the failure event; seconds taken."""
+    """Put the warehouse back to the post-first-exchange snapshot and append the change event; seconds taken.
+
+    A ``NODE_JOINED`` of a node the cluster does not know also adds its ``nodes`` row (``append_event``)."""
     t0 = time.perf_counter()
     shutil.rmtree(ctx.warehouse_dir, ignore_errors=True)
     shutil.copytree(ctx.pristine_dir, ctx.warehouse_dir)
-    appended = append_event(ctx.spark, ctx.warehouse(), "NODE_FAILED", ctx.failed_node, now=EVENT_TIME)
-    if appended.node_id != ctx.failed_node:
+    appended = append_event(ctx.spark, ctx.warehouse(), ctx.event_type, ctx.node, now=EVENT_TIME)
+    if (appended.event_type, appended.node_id) != (ctx.event_type, ctx.node):
         raise RuntimeError(f"unexpected event {appended}")
     return time.perf_counter() - t0
 
@@ -437,18 +471,23 @@ def summary_counts(s: ExchangeSummary) -> dict[str, Any]:
     return out
 
 
-_STEP = re.compile(r"^(starting Spark|running the exchange): ([0-9.]+) s$")
+_STEP = re.compile(r"^(starting Spark|running the exchange|generating [^:]*): ([0-9.]+) s$")
+_STAGE_LINE = re.compile(r"^seconds by stage: (.*)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def run_cli(ctx: Context, load: LoadSampler) -> dict[str, Any]:
-    cmd = [str(ctx.cli), "--warehouse", str(ctx.warehouse_dir)]
-    if ctx.conf is not None:
-        cmd += ["--conf", str(ctx.conf)]
-    cmd.append("exchange")
+def cli_command(cli: Path, warehouse: Path, conf: Path | None, *command: str) -> list[str]:
+    """``rebalancer --warehouse W [--conf C] <command...>``."""
+    return [str(cli), "--warehouse", str(warehouse), *(["--conf", str(conf)] if conf is not None else []), *command]
+
+
+def run_watched(cmd: list[str], spark_conf: dict[str, str], load: LoadSampler) -> dict[str, Any]:
+    """Run a CLI command in a subprocess under a ``TreeWatch``: wall time, peak memory and CPU per role, the
+    durations of the CLI's own step lines (``<label>: 1.2 s`` on stderr) and its stdout lines."""
     env = dict(os.environ)
-    if ctx.spark_conf:
+    if spark_conf:
         env["PYSPARK_SUBMIT_ARGS"] = " ".join(
-            f"--conf {shlex.quote(f'{k}={v}')}" for k, v in ctx.spark_conf.items()
+            f"--conf {shlex.quote(f'{k}={v}')}" for k, v in spark_conf.items()
         ) + " pyspark-shell"
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
@@ -458,21 +497,48 @@ def run_cli(ctx: Context, load: LoadSampler) -> dict[str, Any]:
     if proc.returncode != 0:
         raise RuntimeError(f"{shlex.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
     steps = {}
-    for line in re.sub(r"\x1b\[[0-9;]*m", "", err).splitlines():
+    for line in _ANSI.sub("", err).splitlines():
         m = _STEP.match(line.strip())
         if m:
             steps[m.group(1)] = float(m.group(2))
-    # The CLI starts Spark lazily, inside its "running the exchange" step: that step includes "starting Spark".
-    spark_start, exchange_step = steps.get("starting Spark") or 0.0, steps.get("running the exchange") or 0.0
     return {
         "wall_s": round(wall, 3),
-        "cli_starting_spark_s": spark_start,
-        "cli_exchange_without_spark_start_s": round(exchange_step - spark_start, 2),
-        "interpreter_imports_and_shutdown_s": round(wall - exchange_step, 2),
+        "steps_s": steps,
         "command": shlex.join(cmd),
         "load_1min": load.between(t0, time.perf_counter()),
         **watch.report(),
-        "stdout": out.strip().splitlines(),
+        "stdout": _ANSI.sub("", out).strip().splitlines(),
+    }
+
+
+def parse_stage_seconds(stdout: list[str]) -> dict[str, float]:
+    """The CLI's ``  seconds by stage: inputs 1.2, full map 0.3, ...`` line as ``{stage: seconds}`` (the last one
+    printed, empty when the CLI prints none). Stage names may contain spaces; the number is the last word."""
+    stages: dict[str, float] = {}
+    for line in stdout:
+        m = _STAGE_LINE.match(line.strip())
+        if m:
+            stages = {}
+            for item in m.group(1).split(","):
+                name, _, seconds = item.strip().rpartition(" ")
+                stages[name] = float(seconds)
+    return stages
+
+
+def run_cli(ctx: Context, load: LoadSampler) -> dict[str, Any]:
+    """One whole-process ``rebalancer exchange``, split by the CLI's step lines and its stage line."""
+    result = run_watched(cli_command(ctx.cli, ctx.warehouse_dir, ctx.conf, "exchange"), ctx.spark_conf, load)
+    steps = result.pop("steps_s")
+    # The CLI starts Spark lazily, inside its "running the exchange" step: that step includes "starting Spark".
+    spark_start, exchange_step = steps.get("starting Spark") or 0.0, steps.get("running the exchange") or 0.0
+    wall = result.pop("wall_s")
+    return {
+        "wall_s": wall,
+        "cli_starting_spark_s": spark_start,
+        "cli_exchange_without_spark_start_s": round(exchange_step - spark_start, 2),
+        "interpreter_imports_and_shutdown_s": round(wall - exchange_step, 2),
+        "stage_s": parse_stage_seconds(result["stdout"]),
+        **result,
     }
 
 
@@ -528,6 +594,7 @@ def run_warm(ctx: Context, load: LoadSampler, instrument: bool = False) -> tuple
         "jvm_stages": stage_report(ctx.spark, known_stages, t0_ms, t1_ms),
         "cached_rdds_before": rdds_before,
         "cached_rdds_after": len(sc._jsc.sc().getRDDStorageInfo()),
+        "stage_s": {name: round(seconds, 3) for name, seconds in summaries[0].stage_seconds.items()},
         **watch.report(),
     }
     if profiler is not None and isinstance(sampler, StackSampler):
@@ -659,6 +726,140 @@ def rows_written(ctx: Context, version: str) -> dict[str, Any]:
     return out
 
 
+def _version_of(text: str) -> tuple[int, int]:
+    major, minor = (int(x) for x in text.split("."))
+    return major, minor
+
+
+def migration_figures(ctx: Context, version: str, caps: list[int]) -> dict[str, Any]:
+    """Migrations of the committed version against their minimum, balance, and the plan's makespans.
+
+    Reads the committed tables of the last run (Spark SQL over the warehouse's views). The plan is rebuilt with
+    ``planner.plan_migrations`` from the committed ``ideal_assignment``, ``affinity_assignment`` and
+    ``partition_map`` of the new version and the latest ``partition_reports``, then scheduled in this process by
+    each policy (``rebalancer.planning.schedule``): at the configured cap, and at every cap of ``caps``.
+    """
+    t_start = time.perf_counter()
+    spark, settings = ctx.spark, ctx.settings
+    warehouse = ctx.warehouse()
+    warehouse.register_views()
+    new = _version_of(version)
+    prev_row = spark.sql(
+        "SELECT topology_major, topology_minor FROM exchanges "
+        f"WHERE topology_major < {new[0]} OR (topology_major = {new[0]} AND topology_minor < {new[1]}) "
+        "ORDER BY topology_major DESC, topology_minor DESC LIMIT 1"
+    ).first()
+    if prev_row is None:
+        raise RuntimeError(f"no committed version before {version}")
+    prev = (int(prev_row[0]), int(prev_row[1]))
+
+    def at(table: str, v: tuple[int, int]) -> str:
+        return f"(SELECT * FROM {table} WHERE topology_major = {v[0]} AND topology_minor = {v[1]})"
+
+    plan_rows = spark.sql(
+        f"SELECT action, count(*) AS steps, coalesce(sum(bytes), 0) AS bytes FROM {at('migration_plan', new)} "
+        "GROUP BY action"
+    ).collect()
+    committed = {r.action: {"steps": int(r.steps), "bytes": int(r.bytes)} for r in plan_rows}
+    # The minimum, without the planner: ideal copies of the new version whose node holds no OWNING copy in the
+    # previous version's map among the nodes alive now, for partitions that still have such an owner.
+    minimum = spark.sql(f"""
+        WITH alive AS (SELECT node_id FROM {at('topology', new)} WHERE NOT coalesce(is_client, false)),
+        owners AS (
+            SELECT m.group_name, m.partition_id, m.node_id FROM {at('partition_map', prev)} m
+            JOIN alive a ON m.node_id = a.node_id WHERE m.state = 'OWNING'),
+        bearing AS (SELECT DISTINCT group_name, partition_id FROM owners),
+        ideal AS (SELECT group_name, partition_id, node_id FROM {at('ideal_assignment', new)})
+        SELECT count(*) FROM ideal i
+        JOIN bearing b ON i.group_name = b.group_name AND i.partition_id = b.partition_id
+        LEFT ANTI JOIN owners o
+            ON i.group_name = o.group_name AND i.partition_id = o.partition_id AND i.node_id = o.node_id
+    """).first()[0]
+    per_node = spark.sql(f"""
+        WITH alive AS (SELECT node_id FROM {at('topology', new)} WHERE NOT coalesce(is_client, false)),
+        counts AS (
+            SELECT a.node_id, count(i.partition_id) AS replicas FROM alive a
+            LEFT JOIN {at('ideal_assignment', new)} i ON i.node_id = a.node_id GROUP BY a.node_id)
+        SELECT count(*) AS nodes, sum(replicas) AS replicas, max(replicas) AS most, min(replicas) AS least FROM counts
+    """).first()
+    if ctx.event_type == "NODE_JOINED":
+        balance = -(-int(per_node.replicas) // int(per_node.nodes))
+        balance_rule = "join: ceil(replicas / nodes) at the new version"
+    else:
+        balance = spark.sql(
+            f"SELECT count(*) FROM {at('partition_map', prev)} WHERE node_id = '{ctx.node}' AND state = 'OWNING'"
+        ).first()[0]
+        balance_rule = f"{ctx.event_type}: the OWNING copies {ctx.node} held at the previous version"
+    exchange_row = spark.sql(
+        f"SELECT makespan_s, makespan_lower_bound_s FROM {at('exchanges', new)}"
+    ).first()
+
+    t0 = time.perf_counter()
+    migration = settings.migration
+    steps = planner.plan_migrations(
+        at_version(warehouse.read("ideal_assignment"), new),
+        at_version(warehouse.read("affinity_assignment"), new),
+        at_version(warehouse.read("partition_map"), new),
+        latest_reports(warehouse.read("partition_reports")),
+        history_threshold=settings.rebalance.history_threshold,
+        full_rebalance=migration.full_rebalance,
+        file_chunk_bytes=migration.file_chunk_bytes,
+    ).toArrow()
+    plan_s = time.perf_counter() - t0
+    rebuilt_copies = sum(1 for a in steps.column("action").to_pylist() if a == "COPY")
+
+    serial: dict[str, float] = {}
+
+    def makespans(cap: int) -> dict[str, Any]:
+        model = planner.cost_model(migration.model_copy(update={"max_parallel_per_node": cap}))
+        out: dict[str, Any] = {}
+        for policy in POLICIES:
+            if policy == "serial" and serial:  # one step at a time: the cap does not matter
+                out.update(serial)
+                continue
+            t = time.perf_counter()
+            scheduled = schedule(steps, model, policy)
+            out[f"{policy}_schedule_s"] = round(time.perf_counter() - t, 3)
+            out[f"{policy}_s"] = round(makespan(scheduled), 2)
+            if policy == "ours":
+                out["lower_bound_s"] = round(lower_bound(scheduled, model), 2)
+            if policy == "serial":
+                serial.update({"serial_s": out["serial_s"], "serial_schedule_s": out["serial_schedule_s"]})
+        return out
+
+    at_cap = makespans(migration.max_parallel_per_node)
+    committed_makespan = round(float(exchange_row.makespan_s or 0.0), 2)
+    return {
+        "previous_version": f"{prev[0]}.{prev[1]}",
+        "version": version,
+        "committed_plan": committed,
+        "copies": committed.get("COPY", {}).get("steps", 0),
+        "copy_bytes": committed.get("COPY", {}).get("bytes", 0),
+        "minimum_copies": int(minimum),
+        "copies_at_minimum": committed.get("COPY", {}).get("steps", 0) == int(minimum),
+        "balance_minimum": int(balance),
+        "balance_minimum_rule": balance_rule,
+        "replicas_per_node": {
+            "nodes": int(per_node.nodes),
+            "max": int(per_node.most),
+            "mean": round(int(per_node.replicas) / int(per_node.nodes), 2),
+            "min": int(per_node.least),
+        },
+        "committed_makespan_s": committed_makespan,
+        "committed_lower_bound_s": round(float(exchange_row.makespan_lower_bound_s or 0.0), 2),
+        "rebuilt_plan": {"steps": steps.num_rows, "copies": rebuilt_copies, "plan_s": round(plan_s, 2)},
+        # the rebuilt plan is the committed one: same steps, and ours schedules it to the committed makespan
+        "rebuilt_matches_committed": (
+            steps.num_rows == sum(a["steps"] for a in committed.values())
+            and abs(at_cap["ours_s"] - committed_makespan) <= 0.01 + 1e-6 * committed_makespan
+        ),
+        "cap": migration.max_parallel_per_node,
+        "makespan": at_cap,
+        "caps": {str(cap): makespans(cap) for cap in caps},
+        "seconds": round(time.perf_counter() - t_start, 2),
+    }
+
+
 def _local_uris(table: Any) -> list[str]:
     from urllib.parse import unquote, urlparse
 
@@ -734,18 +935,29 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def _csv_ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
 def main() -> None:  # noqa: C901 (a linear script)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--name", default=None, help="label of the scenario change (kept in the results)")
     parser.add_argument("--groups", type=int, default=1,
-                        help="cache groups; the 65,536 partitions are split evenly (1: 1 x 65,536; 64: 64 x 1,024)")
+                        help="cache groups; the partitions are split evenly (1: 1 x 65,536; 64: 64 x 1,024)")
     parser.add_argument("--nodes", type=int, default=NODES)
-    parser.add_argument("--partitions-total", type=int, default=TOTAL_PARTITIONS,
-                        help="partitions over all groups (smaller only for trying the script out)")
+    parser.add_argument("--partitions-total", type=int, default=TOTAL_PARTITIONS, help="partitions over all groups")
     parser.add_argument("--backups", type=int, default=BACKUPS)
     parser.add_argument("--seed", type=int, default=SEED)
-    parser.add_argument("--fail-node", default=None, help="node to fail (default: node<nodes/2>)")
-    parser.add_argument("--runs", type=int, default=RUNS)
-    parser.add_argument("--conf", type=Path, default=None, help="TOML settings for both modes (rebalancer --conf)")
+    parser.add_argument("--event", choices=EVENTS, default=None, help="the change (default: NODE_FAILED)")
+    parser.add_argument("--node", default=None,
+                        help="its node (default: node<nodes/2> fails or leaves; node<nodes> joins)")
+    parser.add_argument("--fail-node", default=None, help="short for --event NODE_FAILED --node FAIL_NODE")
+    parser.add_argument("--runs", type=int, default=RUNS, help="timed rounds (each: a whole-process and a warm run)")
+    parser.add_argument("--cli-runs", type=int, default=None,
+                        help="whole-process runs, in the first rounds only (default: every round)")
+    parser.add_argument("--caps", type=_csv_ints, default=[], metavar="N,N,...",
+                        help="also schedule the rebuilt plan at these per-node caps (e.g. 1,2,5,10,20)")
+    parser.add_argument("--conf", type=Path, default=None, help="TOML settings for every run (rebalancer --conf)")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Spark setting for both modes (repeatable)")
     parser.add_argument("--no-cli", action="store_true", help="skip the whole-process runs")
@@ -754,58 +966,90 @@ def main() -> None:  # noqa: C901 (a linear script)
                         help="a fresh directory is made under it for the warehouses (default: the temp dir)")
     parser.add_argument("--pristine", type=Path, default=None,
                         help="reuse this post-first-exchange warehouse instead of generating one")
+    parser.add_argument("--save-pristine", type=Path, default=None,
+                        help="copy the post-first-exchange warehouse here (for --pristine of another change)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "exchange.json")
     args = parser.parse_args()
     if args.partitions_total % args.groups or not 1 <= args.partitions_total // args.groups <= 65_536:
         parser.error("--groups must divide --partitions-total into groups of 1..65,536 partitions")
+    if args.fail_node and (args.node or args.event not in (None, "NODE_FAILED")):
+        parser.error("--fail-node is short for --event NODE_FAILED --node X; do not combine it with those")
     per_group = args.partitions_total // args.groups
-    failed_node = args.fail_node or f"node{args.nodes // 2}"
+    event_type = "NODE_FAILED" if args.fail_node else args.event or "NODE_FAILED"
+    node = args.fail_node or args.node or (
+        f"node{args.nodes}" if event_type == "NODE_JOINED" else f"node{args.nodes // 2}"
+    )
+    cli_runs = args.runs if args.cli_runs is None else min(args.cli_runs, args.runs)
+    if args.no_cli:
+        cli_runs = 0
     spark_conf = dict(kv.split("=", 1) for kv in args.spark_conf)
     settings = load_settings(args.conf)
     cli = Path(sys.executable).with_name("rebalancer")
-    if not args.no_cli and not cli.exists():
+    if (cli_runs or args.pristine is None) and not cli.exists():
         parser.error(f"{cli} not found; install the package into this interpreter's environment")
 
     digest_start, load_before = source_digest(), os.getloadavg()
     load = LoadSampler()
     load.start()
     t_start = time.perf_counter()
-    log("starting Spark")
-    spark = get_spark(settings.spark, extra_conf=spark_conf)
     with workdir(args.workdir, args.keep) as work:
-        ctx = Context(spark, settings, work / "warehouse", work / "pristine", failed_node, cli, args.conf, spark_conf)
         setup: dict[str, Any] = {}
+        pristine_dir = work / "pristine"
         if args.pristine is not None:
-            shutil.copytree(args.pristine, ctx.pristine_dir)
+            shutil.copytree(args.pristine, pristine_dir)
             setup["reused_pristine"] = str(args.pristine)
         else:
-            log(f"generating {args.nodes} nodes, {args.groups} x {per_group} partitions, {args.backups} backups")
-            t0 = time.perf_counter()
-            counts = generate_into(spark, open_warehouse(spark, settings.storage, ctx.pristine_dir), settings,
-                                   args.nodes, args.groups, per_group, args.backups, args.seed)
-            setup["generate_s"] = round(time.perf_counter() - t0, 2)
-            setup["generated_rows"] = counts
+            log(f"rebalancer generate: {args.nodes} nodes, {args.groups} x {per_group} partitions, "
+                f"{args.backups} backups, seed {args.seed}")
+            generated = run_watched(
+                cli_command(cli, pristine_dir, args.conf, "generate", "--nodes", str(args.nodes), "--groups",
+                            str(args.groups), "--partitions", str(per_group), "--backups", str(args.backups),
+                            "--seed", str(args.seed)),
+                spark_conf, load,
+            )
+            setup["generate"] = {key: generated[key] for key in ("command", "wall_s", "steps_s", "by_role", "stdout")}
+            log(f"  {generated['wall_s']:.1f} s")
+        log("starting Spark")
+        spark = get_spark(settings.spark, extra_conf=spark_conf)
+        ctx = Context(spark, settings, work / "warehouse", pristine_dir, event_type, node, cli, args.conf, spark_conf)
+        if args.pristine is None:
             log("first exchange (the initial joins)")
             t0 = time.perf_counter()
             first = run_exchange(spark, open_warehouse(spark, settings.storage, ctx.pristine_dir), settings)
             setup["first_exchange_warm_s"] = round(time.perf_counter() - t0, 2)
             setup["first_exchange"] = [summary_counts(s) | {"merged_events": len(s.merged_event_seqs)}
                                        for s in first]
+            if args.save_pristine is not None:
+                shutil.rmtree(args.save_pristine, ignore_errors=True)
+                shutil.copytree(ctx.pristine_dir, args.save_pristine)
         pristine = open_warehouse(spark, settings.storage, ctx.pristine_dir)
         groups = pristine.read("cache_groups").agg(F.count("*"), F.sum("partitions"), F.max("backups")).first()
-        nodes = pristine.read("nodes").count()
-        if (nodes, groups[0], groups[1], groups[2]) != (args.nodes, args.groups, args.partitions_total, args.backups):
-            raise SystemExit(f"the pristine warehouse has {nodes} nodes and {tuple(groups)} (groups, partitions, "
-                             "backups); it does not match the arguments")
+        node_ids = {r.node_id for r in pristine.read("nodes").select("node_id").collect()}
+        if (len(node_ids), groups[0], groups[1], groups[2]) != (
+            args.nodes, args.groups, args.partitions_total, args.backups
+        ):
+            raise SystemExit(f"the pristine warehouse has {len(node_ids)} nodes and {tuple(groups)} (groups, "
+                             "partitions, backups); it does not match the arguments")
+        if (node in node_ids) != (event_type != "NODE_JOINED"):
+            raise SystemExit(f"{event_type} {node}: the node must {'not ' if event_type == 'NODE_JOINED' else ''}"
+                             "be one of the generated nodes")
         machine = machine_info(spark, settings, pristine)
+        if args.pristine is not None:
+            # The warm runs are meant for a session that has already run an exchange (JIT, generated code, Python
+            # workers): without the first exchange here, one untimed run of the change takes its place.
+            log("warm-up: one untimed exchange of the change (the first exchange ran in another process)")
+            restore(ctx)
+            t0 = time.perf_counter()
+            run_exchange(spark, ctx.warehouse(), settings)
+            setup["warmup_exchange_warm_s"] = round(time.perf_counter() - t0, 2)
 
         runs: list[dict[str, Any]] = []
         expected: dict[str, Any] | None = None
         t_runs = time.perf_counter()
         for i in range(1, args.runs + 1):
             entry: dict[str, Any] = {"run": i}
-            if not args.no_cli:
+            if i <= cli_runs:
                 entry["restore_s"] = round(restore(ctx), 2)
                 log(f"run {i}/{args.runs}: rebalancer exchange (whole process)")
                 entry["cli"] = run_cli(ctx, load)
@@ -824,7 +1068,10 @@ def main() -> None:  # noqa: C901 (a linear script)
             runs.append(entry)
         t_runs_end = time.perf_counter()
         assert expected is not None
+        log("rows written, migrations against their minimum, makespans (untimed)")
         written = rows_written(ctx, expected["version"])
+        migrations = migration_figures(ctx, expected["version"], args.caps)
+        log(f"  {migrations['seconds']:.1f} s")
 
         profile: dict[str, Any] | None = None
         if not args.no_profile:
@@ -839,6 +1086,7 @@ def main() -> None:  # noqa: C901 (a linear script)
         rev = git("rev-parse", "--short", "HEAD")
         dirty = git("status", "--porcelain", "--", "rebalancer").splitlines()
         report: dict[str, Any] = {
+            "name": args.name,
             "command": shlex.join([".venv/bin/python", "bench/exchange.py", *sys.argv[1:]]),
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "total_benchmark_s": round(time.perf_counter() - t_start, 1),
@@ -852,37 +1100,20 @@ def main() -> None:  # noqa: C901 (a linear script)
             },
             "cluster": {
                 "nodes": args.nodes, "groups": args.groups, "partitions_per_group": per_group,
-                "partitions_total": args.partitions_total, "backups": args.backups, "seed": args.seed,
-                "failed_node": failed_node, "spark_conf": spark_conf,
+                "partitions_total": args.partitions_total, "backups": args.backups,
+                "replicas": args.partitions_total * (args.backups + 1), "seed": args.seed,
+                "event": event_type, "node": node, "spark_conf": spark_conf,
                 "conf": str(args.conf) if args.conf else "defaults (conf/default.toml)",
+                "avg_partition_bytes": settings.generate.avg_partition_bytes,
             },
             "setup": setup,
+            "stages": list(STAGES),
             "exchange": expected,
             "rows_written": written,
-            "summary": {
-                mode: {
-                    "wall_s": spread([r[mode]["wall_s"] for r in runs]),
-                    **({key: spread([r["cli"][key] for r in runs])
-                        for key in ("cli_starting_spark_s", "cli_exchange_without_spark_start_s",
-                                    "interpreter_imports_and_shutdown_s")}
-                       if mode == "cli" else {}),
-                    "peak_rss_mb": {
-                        role: spread([r[mode]["by_role"].get(role, {}).get("peak_rss_mb", 0) for r in runs])
-                        for role in ("driver", "jvm", "python_workers")
-                    },
-                    **({key: spread([r["warm"][key] for r in runs])
-                        for key in ("commit_s", "spark_jobs", "codegen_compilations", "codegen_compile_s",
-                                    "catalyst_rule_s")}
-                       if mode == "warm" else {}),
-                    **({f"jvm_{key}": spread([r["warm"]["jvm_stages"][key] for r in runs])
-                        for key in ("stages", "tasks", "task_run_s", "task_cpu_s", "stage_busy_wall_s",
-                                    "stage_busy_share")}
-                       if mode == "warm" else {}),
-                    "tree_cpu_s": spread([r[mode]["tree_cpu_s"] for r in runs]),
-                    "other_work_core_s": spread([r[mode]["other_work_core_s"] for r in runs]),
-                }
-                for mode in ("cli", "warm") if all(mode in r for r in runs)
-            },
+            "rows_written_total": sum(w["rows_at_version"] or 0 for w in written.values()),
+            "bytes_written_total": sum(w["bytes_added"] for w in written.values()),
+            "migrations": migrations,
+            "summary": {mode: summarize(runs, mode) for mode in ("cli", "warm") if any(mode in r for r in runs)},
             "runs": runs,
             "profile": profile,
             "bench_process_peak_rss_mb": round(
@@ -897,11 +1128,44 @@ def main() -> None:  # noqa: C901 (a linear script)
     spark.stop()
 
 
+def summarize(all_runs: list[dict[str, Any]], mode: str) -> dict[str, Any]:
+    """Median, min, max (``spread``) of each figure over the runs of one mode (``cli`` or ``warm``)."""
+    runs = [r[mode] for r in all_runs if mode in r]
+    seen = [name for r in runs for name in r.get("stage_s", {})]
+    stages = [name for name in STAGES if name in seen] + [n for n in dict.fromkeys(seen) if n not in STAGES]
+    out: dict[str, Any] = {"runs": len(runs), "wall_s": spread([r["wall_s"] for r in runs])}
+    if mode == "cli":
+        for key in ("cli_starting_spark_s", "cli_exchange_without_spark_start_s", "interpreter_imports_and_shutdown_s"):
+            out[key] = spread([r[key] for r in runs])
+    out["stage_s"] = {name: spread([r.get("stage_s", {}).get(name, 0.0) for r in runs]) for name in stages}
+    # Wall time no stage covers (per run, then the spread): Python between the stages, and for the whole process the
+    # interpreter start, imports, starting Spark and shutdown.
+    out["outside_stages_s"] = spread([r["wall_s"] - sum(r.get("stage_s", {}).values()) for r in runs])
+    out["peak_rss_mb"] = {
+        role: spread([r["by_role"].get(role, {}).get("peak_rss_mb", 0) for r in runs])
+        for role in ("driver", "jvm", "python_workers")
+    }
+    # An upper bound of the process tree's peak: the sum of each role's peak (they need not peak together).
+    out["peak_rss_sum_mb"] = spread(
+        [sum(r["by_role"].get(role, {}).get("peak_rss_mb", 0) for role in ("driver", "jvm", "python_workers"))
+         for r in runs]
+    )
+    if mode == "warm":
+        for key in ("commit_s", "spark_jobs", "codegen_compilations", "codegen_compile_s", "catalyst_rule_s"):
+            out[key] = spread([r[key] for r in runs])
+        for key in ("stages", "tasks", "task_run_s", "task_cpu_s", "stage_busy_wall_s", "stage_busy_share"):
+            out[f"jvm_{key}"] = spread([r["jvm_stages"][key] for r in runs])
+    out["tree_cpu_s"] = spread([r["tree_cpu_s"] for r in runs])
+    out["other_work_core_s"] = spread([r["other_work_core_s"] for r in runs])
+    return out
+
+
 def print_markdown(r: dict[str, Any]) -> None:
     c = r["cluster"]
-    print(f"### {c['nodes']} nodes, {c['groups']} x {c['partitions_per_group']:,} partitions, {c['backups']} backups,"
-          f" {c['failed_node']} fails\n")
-    print("| measure | median | min-max (of {}) |".format(len(r["runs"])))
+    title = f"{r['name']}: " if r.get("name") else ""
+    print(f"### {title}{c['nodes']} nodes, {c['groups']} x {c['partitions_per_group']:,} partitions, "
+          f"{c['backups']} backups, {c['event']} {c['node']}\n")
+    print("| measure | median | min-max |")
     print("|---|---|---|")
 
     def row(label: str, s: dict[str, Any], unit: str) -> None:
@@ -911,7 +1175,7 @@ def print_markdown(r: dict[str, Any]) -> None:
         if mode not in r["summary"]:
             continue
         s = r["summary"][mode]
-        row(f"{title}: wall", s["wall_s"], "s")
+        row(f"{title}: wall ({s['runs']} runs)", s["wall_s"], "s")
         if mode == "cli":
             row("&nbsp;&nbsp;of which interpreter start, imports, shutdown",
                 s["interpreter_imports_and_shutdown_s"], "s")
@@ -930,6 +1194,8 @@ def print_markdown(r: dict[str, Any]) -> None:
             row("&nbsp;&nbsp;Catalyst analyzer + optimizer rules", s["catalyst_rule_s"], "s")
         for role in ("driver", "jvm", "python_workers"):
             row(f"&nbsp;&nbsp;peak RSS, {role.replace('_', ' ')}", s["peak_rss_mb"][role], "MB")
+        for stage, seconds in s["stage_s"].items():
+            row(f"&nbsp;&nbsp;stage {stage}", seconds, "s")
         row("&nbsp;&nbsp;CPU of the process tree", s["tree_cpu_s"], "core-s")
         row("&nbsp;&nbsp;CPU used by other work meanwhile", s["other_work_core_s"], "core-s")
     e = r["exchange"]
@@ -942,6 +1208,19 @@ def print_markdown(r: dict[str, Any]) -> None:
     for name, w in r["rows_written"].items():
         rows = "-" if w["rows_at_version"] is None else f"{w['rows_at_version']:,}"
         print(f"| {name} | {rows} | {w['files_added']} | {w['bytes_added']:,} |")
+    m = r["migrations"]
+    mk = m["makespan"]
+    print(f"\nMigrations {m['previous_version']} -> {m['version']}: {m['copies']:,} COPY steps "
+          f"(minimum {m['minimum_copies']:,}, balance minimum {m['balance_minimum']:,}), "
+          f"{m['copy_bytes'] / 2**30:,.1f} GiB; replicas per node max {m['replicas_per_node']['max']:,} / mean "
+          f"{m['replicas_per_node']['mean']:,}; makespan at cap {m['cap']}: ours {mk['ours_s']:,} s, hazelcast "
+          f"{mk['hazelcast_s']:,} s, serial {mk['serial_s']:,} s, lower bound {mk['lower_bound_s']:,} s.")
+    if m["caps"]:
+        print("\n| cap | ours | hazelcast | serial | lower bound |")
+        print("|---|---|---|---|---|")
+        for cap, c in m["caps"].items():
+            print(f"| {cap} | {c['ours_s']:,} s | {c['hazelcast_s']:,} s | {c['serial_s']:,} s | "
+                  f"{c['lower_bound_s']:,} s |")
     if r.get("profile"):
         p = r["profile"]
         print(f"\nInstrumented warm run: {p['wall_s']} s\n")

@@ -210,6 +210,9 @@ def print_summary(s: Any) -> None:
         f"  plan: {s.migrations:,} steps, {s.bytes_to_move / 2**30:,.2f} GiB to move; "
         f"makespan {s.makespan_s:,.1f} s (lower bound {s.makespan_lower_bound_s:,.1f} s)"
     )
+    if s.stage_seconds:
+        stages = ", ".join(f"{name} {seconds:.1f}" for name, seconds in s.stage_seconds.items())
+        console.print(f"  seconds by stage: {stages}")
 
 
 @app.command()

@@ -30,7 +30,6 @@ LOCAL_SPARK_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
-    "spark.sql.adaptive.enabled": "false",
     "spark.sql.catalogImplementation": "in-memory",
     # delta-rs commits the parquet files Spark writes; Delta readers expect microsecond timestamps, not INT96.
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
@@ -65,6 +64,7 @@ def get_spark(settings: SparkSettings | None = None, extra_conf: dict[str, str] 
         .appName(settings.app_name)
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
         .config("spark.driver.memory", settings.driver_memory)
+        .config("spark.sql.adaptive.enabled", str(settings.adaptive).lower())
     )
     for key, value in {**LOCAL_SPARK_CONF, **(extra_conf or {})}.items():
         builder = builder.config(key, value)

@@ -28,7 +28,9 @@ def spark() -> Iterator[object]:
     from rebalancer.session import get_spark
 
     session = get_spark(
-        SparkSettings(master="local[2]", shuffle_partitions=2, driver_memory="2g", app_name="rebalancer-tests"),
+        SparkSettings(
+            master="local[2]", shuffle_partitions=2, driver_memory="2g", app_name="rebalancer-tests", adaptive=False
+        ),
         extra_conf={
             "spark.default.parallelism": "2",
             # Interpreted execution for the suite's tiny frames: each new query shape otherwise spends 1-3 s

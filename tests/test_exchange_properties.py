@@ -41,6 +41,10 @@ and, beside the issue's list: the map and the assignment only name alive servers
 temporary, all OWNING); an OWNING report that a version consumes (``report_seq`` up to its ``max_report_seq``)
 from an alive server shows as an OWNING (or RENTING) copy in that version's map.
 
+Every exchange the test runs itself (not the twin's) after the first is also run a second time on a copy of the
+warehouse with ``carry_settled=False``: carrying the settled partitions over (:mod:`rebalancer.exchange.settled`)
+must give exactly the rows of recomputing every partition, in every versioned table.
+
 Each example runs 2-5 real exchanges of several seconds each, so the default run is capped at 3 examples
 (``EXAMPLES`` below). Longer runs: ``HYPOTHESIS_PROFILE=soak .venv/bin/python -m pytest
 tests/test_exchange_properties.py`` uses the soak profile's ``max_examples`` (1000: hours), and
@@ -51,6 +55,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -61,6 +66,7 @@ from hypothesis import strategies as st
 
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.client.affinity import assign
+from rebalancer.exchange.job import VERSIONED_TABLES
 from rebalancer.twin.simulate import simulate
 from tests.exchange_scenarios import Cluster
 
@@ -170,12 +176,54 @@ def twin(c: Cluster, committed: list[Version], **kwargs: Any) -> Any:
 
 
 def run(c: Cluster, committed: list[Version]) -> None:
+    """Run the exchange; after the first version, also check it against a full recomputation (below)."""
+    reference = Path(f"{c.settings.storage.warehouse}-full{next(_example)}")
+    if committed:
+        shutil.copytree(c.settings.storage.warehouse, reference)
     summaries = c.exchange()
+    if committed:
+        check_same_as_full_recomputation(c, reference, summaries)
     for s in summaries:
         note(f"exchange {s.exchange_id}: {s.topology_major}.{s.topology_minor} {s.exchange_type} "
              f"events={s.merged_event_seqs} lost={s.lost_partitions} moving={s.moving_copies} "
              f"temporary={s.temporary_primaries}")
         committed.append((s.topology_major, s.topology_minor))
+
+
+def check_same_as_full_recomputation(c: Cluster, reference: Path, summaries: list[Any]) -> None:
+    """The versions just committed (settled partitions carried over) equal a run that recomputes every partition.
+
+    ``reference`` is a copy of the warehouse taken before the run; the same exchange runs there with
+    ``carry_settled=False`` and every versioned table must have exactly the same rows at every new version.
+    """
+    full = Cluster.create(c.spark, reference)
+    full_summaries = full.exchange(carry_settled=False)
+    counts = ("exchange_type", "topology_major", "topology_minor", "partitions", "lost_partitions",
+              "moving_copies", "temporary_primaries", "counter_conflicts", "migrations", "bytes_to_move")
+    assert [[getattr(s, n) for n in counts] for s in summaries] == [
+        [getattr(s, n) for n in counts] for s in full_summaries
+    ]
+    for s in summaries:
+        version = (s.topology_major, s.topology_minor)
+        for name in VERSIONED_TABLES:
+            carried, recomputed = table_rows(c, name, version), table_rows(full, name, version)
+            assert carried == recomputed, (
+                f"{name} at {version}: only carried {sorted(carried - recomputed)[:10]}, "
+                f"only recomputed {sorted(recomputed - carried)[:10]}"
+            )
+    shutil.rmtree(reference, ignore_errors=True)
+
+
+def table_rows(c: Cluster, name: str, version: Version) -> set[tuple[Any, ...]]:
+    """Rows of a table at a version, hashable (arrays as tuples, maps as sorted item tuples)."""
+    def frozen(value: Any) -> Any:
+        if isinstance(value, list):
+            return tuple(frozen(v) for v in value)
+        if isinstance(value, dict):
+            return tuple(sorted((k, frozen(v)) for k, v in value.items()))
+        return value
+
+    return {tuple(frozen(v) for v in row) for row in c.table(name, version).collect()}
 
 
 def report_owning(c: Cluster, version: Version, alive: set[str], mask: int) -> bool:

@@ -41,6 +41,7 @@ from rebalancer.exchange.fullmap import (
     RENTING,
     REPORT_SCHEMA,
     conform,
+    latest_reports,
     require_columns,
     stage_schema,
 )
@@ -84,7 +85,7 @@ def add_moving_targets(map_df: DataFrame, ideal_df: DataFrame) -> DataFrame:
 
 
 def rebalance_demands(
-    ideal_df: DataFrame, map_df: DataFrame, latest_reports_df: DataFrame, history_threshold: int
+    ideal_df: DataFrame, map_df: DataFrame, reports_df: DataFrame, history_threshold: int
 ) -> DataFrame:
     """The COPY rows every ideal node without an OWNING copy needs, with ``migration_id`` (module docstring).
 
@@ -93,7 +94,7 @@ def rebalance_demands(
     Returns:
         ``DEMANDS_SCHEMA`` rows (``migration_plan`` without version columns), ``action`` ``COPY``.
     """
-    rows_df = copy_steps(ideal_df, map_df, latest_reports_df, history_threshold)
+    rows_df = copy_steps(ideal_df, map_df, reports_df, history_threshold)
     out_df = rows_df.join(partition_offsets(rows_df), list(PARTITION_KEY)).withColumn(
         "migration_id", F.col("_offset") + F.col("step")
     )
@@ -103,14 +104,15 @@ def rebalance_demands(
 
 
 def copy_steps(
-    ideal_df: DataFrame, map_df: DataFrame, latest_reports_df: DataFrame, history_threshold: int
+    ideal_df: DataFrame, map_df: DataFrame, reports_df: DataFrame, history_threshold: int
 ) -> DataFrame:
     """The COPY steps every ideal node without an OWNING copy needs, with every usable supplier.
 
     Args:
         ideal_df: this version's ideal assignment (``group_name, partition_id, replica_index, node_id``).
         map_df: this version's final map (after :func:`add_moving_targets`; any map after the loss decisions works).
-        latest_reports_df: ``fullmap.latest_reports`` of all reports (for suppliers' ``wal_history_counter``).
+        reports_df: ``partition_reports`` rows, all of them or only each copy's latest (``fullmap.latest_reports``):
+            suppliers' ``wal_history_counter`` comes from their copy's latest report.
         history_threshold: ``rebalance.history_threshold``: a supplier copy must hold more entries than this for
             historical rebalance.
 
@@ -121,20 +123,30 @@ def copy_steps(
     """
     require_columns(ideal_df, _IDEAL_COLUMNS, stage="rebalance_demands", argument="ideal_df")
     require_columns(map_df, MAP_SCHEMA.fieldNames(), stage="rebalance_demands", argument="map_df")
-    require_columns(latest_reports_df, REPORT_SCHEMA.fieldNames(), stage="rebalance_demands",
-                    argument="latest_reports_df")
+    require_columns(reports_df, REPORT_SCHEMA.fieldNames(), stage="rebalance_demands", argument="reports_df")
     part, key = list(PARTITION_KEY), list(COPY_KEY)
     owning = F.coalesce(F.col("state") == OWNING, F.lit(False))
-    # Every copy and ideal slot (map_df referenced once) with M = the partition's maximum OWNING counter.
+    part_w = Window.partitionBy(*part)
+    # Every copy and ideal slot (map_df referenced once) with M = the partition's maximum OWNING counter, kept only
+    # for partitions with a demand (an ideal slot without an OWNING copy) and an owner to copy from: the supplier
+    # pools below (a sort per partition, a join with the reports) are then built for those few partitions, not
+    # for every partition of the map.
     slots_df = (
         map_df.join(ideal_df.select(*key, "replica_index").withColumn("_ideal", F.lit(True)), key, "full")
         .withColumn("_ideal", F.coalesce(F.col("_ideal"), F.lit(False)))
-        .withColumn("_to", F.max(F.when(owning, F.col("update_counter"))).over(Window.partitionBy(*part)))
+        .withColumn("_to", F.max(F.when(owning, F.col("update_counter"))).over(part_w))
+        .withColumn("_demand", F.max(F.col("_ideal") & ~owning).over(part_w))
+        .where(F.col("_demand") & F.col("_to").isNotNull())
     )
-    # One row per partition with owners: its candidates sorted by node_id (the first struct field).
+    # The suppliers' latest reports, taken for demand partitions only (latest_reports' window over every report
+    # of a large cluster cost more than the rest of the plan).
+    supplier_reports_df = latest_reports(
+        reports_df.join(F.broadcast(slots_df.select(*part).distinct()), part, "left_semi")
+    ).select(*key, "wal_history_counter")
+    # One row per demand partition: its candidates sorted by node_id (the first struct field).
     pools_df = (
         slots_df.where(owning & (F.col("update_counter") == F.col("_to")))
-        .join(latest_reports_df.select(*key, "wal_history_counter"), key, "left")
+        .join(supplier_reports_df, key, "left")
         .groupBy(*part)
         .agg(F.sort_array(F.collect_list(F.struct("node_id", "size", "bytes", "wal_history_counter"))).alias("_all"))
     )

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from pyspark.sql import DataFrame, SparkSession
@@ -32,7 +33,8 @@ from pyspark.sql import functions as F
 
 from rebalancer.affinity.ideal import ideal_assignment
 from rebalancer.config import Settings
-from rebalancer.exchange import counters, demands, fullmap, late_affinity, lost, routing
+from rebalancer.exchange import counters, demands, fullmap, late_affinity, lost, routing, settled
+from rebalancer.exchange.fullmap import PARTITION_KEY
 from rebalancer.exchange.versions import (
     Event,
     ExchangeStep,
@@ -81,6 +83,32 @@ class ExchangeSummary:
     makespan_s: float = 0.0
     makespan_lower_bound_s: float = 0.0
     seconds: float = 0.0
+    # Wall seconds per stage (see STAGES); the first exchange of a run also carries the shared "inputs" time.
+    stage_seconds: dict[str, float] = field(default_factory=dict, compare=False)
+
+
+# The stages an exchange's wall time is split into, in the order they run. Each stage materialises its result before
+# the next starts, so its Spark work lands in its own entry; "writes" also computes the small lazy outputs (client
+# routing, stamps) while writing them.
+STAGES = (
+    "inputs", "affinity", "settled", "full map", "counters", "loss", "late affinity", "plan", "schedule", "versions",
+    "counts", "writes", "commit",
+)
+
+
+class _StageClock:
+    """Accumulates wall seconds per stage name."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
 
 @dataclass(frozen=True)
@@ -177,7 +205,6 @@ class _Inputs:
     nodes: DataFrame
     groups: DataFrame
     reports: DataFrame
-    latest_reports: DataFrame
     max_report_seq: int | None
 
 
@@ -189,76 +216,161 @@ def _compute(
     step: ExchangeStep,
     prev: _Committed | None,
     alive_df: DataFrame,
+    timer: _StageClock,
+    carry_settled: bool,
 ) -> tuple[dict[str, DataFrame], dict[str, int], dict[str, float]]:
-    """Every output of one data-affecting exchange (the call order of docs/EXCHANGE.md), and its summary counts."""
+    """Every output of one data-affecting exchange (the call order of docs/EXCHANGE.md), and its summary counts.
+
+    With ``carry_settled`` the stages run only on the partitions :mod:`rebalancer.exchange.settled` finds unsettled;
+    the previous rows of the others are carried into ``partition_map``, ``affinity_assignment`` and
+    ``partition_versions`` (settled partitions have no conflict, loss or plan step). The counts are the same either
+    way: settled partitions have no MOVING copy and no temporary primary.
+    """
+    stage = timer.stage
     groups_df = inputs.groups.join(F.broadcast(_groups_frame(spark, step.groups)), "group_name")
     alive_nodes_df = inputs.nodes.join(F.broadcast(alive_df.select("node_id")), "node_id")
-    ideal_df = _materialize(ideal_assignment(alive_nodes_df, groups_df, settings.affinity))
-    prev_map_df = _previous(warehouse, prev, "partition_map")
-    prev_assignment_df = _previous(warehouse, prev, "affinity_assignment").drop("is_temporary")
-    prev_lost_df = _previous(warehouse, prev, "lost_partitions")
+    with stage("affinity"):
+        ideal_df = _materialize(ideal_assignment(alive_nodes_df, groups_df, settings.affinity))
     reset_groups_df = _groups_frame(spark, step.reset_groups)
     new_groups_df = _groups_frame(spark, step.new_groups)
     prev_max = prev.max_report_seq if prev else None
+    prev_tables = {
+        name: _previous(warehouse, prev, name)
+        for name in ("partition_map", "affinity_assignment", "lost_partitions", "partition_versions")
+    }
+    carry: _Carry | None = None
+    if prev is not None and carry_settled:
+        with stage("settled"):
+            carry = _settle(spark, warehouse, inputs, step, prev, ideal_df, groups_df, prev_tables)
+    full_ideal_df = ideal_df
+    if carry is not None:
+        # From here on the stages see only the unsettled partitions (each input restricted once, not at every
+        # reference); the settled ones are carried over at the end.
+        with stage("settled"):
+            prev_tables = {
+                name: _materialize(df.join(carry.unsettled, list(PARTITION_KEY), "left_semi"))
+                for name, df in prev_tables.items()
+            }
+            ideal_df = _materialize(ideal_df.join(carry.unsettled, list(PARTITION_KEY), "left_semi"))
+    prev_map_df = prev_tables["partition_map"]
+    prev_assignment_df = prev_tables["affinity_assignment"].drop("is_temporary")
+    prev_lost_df = prev_tables["lost_partitions"]
 
     prev_owned_df = prev_map_df.where(F.col("state") == "OWNING").select("group_name", "partition_id").distinct()
-    map_df = fullmap.base_map(prev_map_df, inputs.reports, alive_df, groups_df, prev_max)
-    map_df = _materialize(lost.apply_reset(map_df, reset_groups_df))
-    conflicts_df = _materialize(counters.find_counter_conflicts(map_df))
-    map_df = counters.apply_counter_resets(map_df)
-    lost_df = _materialize(
-        lost.find_lost(map_df, prev_owned_df, prev_lost_df, groups_df, reset_groups_df, new_groups_df)
-    )
-    map_df = _materialize(lost.apply_loss_decisions(map_df, lost_df, ideal_df, new_groups_df, reset_groups_df))
-    assignment_df = _materialize(late_affinity.late_affinity(ideal_df, prev_assignment_df, map_df, alive_df))
-    map_df = late_affinity.surplus_to_renting(map_df, assignment_df, ideal_df)
-    map_df = _materialize(demands.add_moving_targets(map_df, ideal_df))
+    with stage("full map"):
+        map_df = fullmap.base_map(prev_map_df, inputs.reports, alive_df, groups_df, prev_max)
+        map_df = _materialize(lost.apply_reset(map_df, reset_groups_df))
+    with stage("counters"):
+        conflicts_df = _materialize(counters.find_counter_conflicts(map_df))
+        map_df = counters.apply_counter_resets(map_df)
+    with stage("loss"):
+        lost_df = _materialize(
+            lost.find_lost(map_df, prev_owned_df, prev_lost_df, groups_df, reset_groups_df, new_groups_df)
+        )
+        map_df = _materialize(
+            lost.apply_loss_decisions(map_df, lost_df, ideal_df, new_groups_df, reset_groups_df)
+        )
+    with stage("late affinity"):
+        assignment_df = _materialize(late_affinity.late_affinity(ideal_df, prev_assignment_df, map_df, alive_df))
+        map_df = late_affinity.surplus_to_renting(map_df, assignment_df, ideal_df)
+        map_df = _materialize(demands.add_moving_targets(map_df, ideal_df))
     migration = settings.migration
-    steps_df = planner.plan_migrations(
-        ideal_df,
-        assignment_df,
-        map_df,
-        inputs.latest_reports,
-        history_threshold=settings.rebalance.history_threshold,
-        full_rebalance=migration.full_rebalance,
-        file_chunk_bytes=migration.file_chunk_bytes,
-    )
-    plan_df = _materialize(planner.schedule_plan(steps_df, planner.cost_model(migration), "ours"))
-    versions_df = _materialize(
-        versions.partition_versions(_previous(warehouse, prev, "partition_versions"), prev_assignment_df,
-                                    assignment_df)
-    )
-    stamps_df = versions.partition_stamps(versions_df, groups_df)
-    routing_df = routing.client_affinity(assignment_df, groups_df)
+    with stage("plan"):
+        steps_df = _materialize(
+            planner.plan_migrations(
+                ideal_df,
+                assignment_df,
+                map_df,
+                inputs.reports,
+                history_threshold=settings.rebalance.history_threshold,
+                full_rebalance=migration.full_rebalance,
+                file_chunk_bytes=migration.file_chunk_bytes,
+            )
+        )
+    with stage("schedule"):
+        plan_df = _materialize(planner.schedule_plan(steps_df, planner.cost_model(migration), "ours"))
+    with stage("versions"):
+        versions_df = _materialize(
+            versions.partition_versions(prev_tables["partition_versions"], prev_assignment_df, assignment_df)
+        )
+    computed = {"partition_map": map_df, "affinity_assignment": assignment_df, "partition_versions": versions_df}
+    complete = dict(computed)
+    if carry is not None:
+        complete = {name: df.unionByName(carry.rows[name]) for name, df in computed.items()}
+    stamps_df = versions.partition_stamps(complete["partition_versions"], groups_df)
+    routing_df = routing.client_affinity(complete["affinity_assignment"], groups_df)
 
-    plan_totals = plan_df.agg(
-        F.count(F.lit(1)),
-        F.coalesce(F.sum("bytes"), F.lit(0)),
-        F.coalesce(F.max("est_end_s"), F.lit(0.0)),
-        F.coalesce(F.max("plan_lower_bound_s"), F.lit(0.0)),
-    ).collect()[0]
-    counts = {
-        "partitions": int(scalar(groups_df.agg(F.coalesce(F.sum("partitions"), F.lit(0))))),
-        "lost_partitions": lost_df.count(),
-        "moving_copies": map_df.where(F.col("state") == "MOVING").count(),
-        "temporary_primaries": assignment_df.where(F.col("is_temporary") & (F.col("replica_index") == 0)).count(),
-        "counter_conflicts": conflicts_df.count(),
-        "migrations": int(plan_totals[0]),
-        "bytes_to_move": int(plan_totals[1]),
-    }
+    with stage("counts"):
+        plan_totals = plan_df.agg(
+            F.count(F.lit(1)),
+            F.coalesce(F.sum("bytes"), F.lit(0)),
+            F.coalesce(F.max("est_end_s"), F.lit(0.0)),
+            F.coalesce(F.max("plan_lower_bound_s"), F.lit(0.0)),
+        ).collect()[0]
+        counts = {
+            "partitions": int(scalar(groups_df.agg(F.coalesce(F.sum("partitions"), F.lit(0))))),
+            "lost_partitions": lost_df.count(),
+            "moving_copies": map_df.where(F.col("state") == "MOVING").count(),
+            "temporary_primaries": assignment_df.where(
+                F.col("is_temporary") & (F.col("replica_index") == 0)
+            ).count(),
+            "counter_conflicts": conflicts_df.count(),
+            "migrations": int(plan_totals[0]),
+            "bytes_to_move": int(plan_totals[1]),
+        }
     plan_times = {"makespan_s": float(plan_totals[2]), "makespan_lower_bound_s": float(plan_totals[3])}
     outputs = {
-        "ideal_assignment": ideal_df,
-        "affinity_assignment": assignment_df,
-        "partition_map": map_df,
+        **complete,
+        "ideal_assignment": full_ideal_df,
         "counter_conflicts": conflicts_df,
         "lost_partitions": lost_df,
         "migration_plan": plan_df,
         "client_affinity": routing_df,
-        "partition_versions": versions_df,
         "partition_stamps": stamps_df,
     }
     return outputs, counts, plan_times
+
+
+@dataclass(frozen=True)
+class _Carry:
+    """The unsettled partitions of an exchange and the previous rows of the settled ones, per carried table."""
+
+    unsettled: DataFrame
+    rows: dict[str, DataFrame]
+
+
+def _settle(
+    spark: SparkSession,
+    warehouse: Warehouse,
+    inputs: _Inputs,
+    step: ExchangeStep,
+    prev: _Committed,
+    ideal_df: DataFrame,
+    groups_df: DataFrame,
+    prev_tables: dict[str, DataFrame],
+) -> _Carry:
+    carried_groups_df = _groups_frame(spark, (prev.state.groups & step.groups) - step.reset_groups - step.new_groups)
+    new_reports_df = inputs.reports
+    if prev.max_report_seq is not None:
+        new_reports_df = new_reports_df.where(F.col("report_seq") > F.lit(prev.max_report_seq))
+    # Broadcast where it restricts or carries a table: it is a few partitions in a steady cluster, and at worst
+    # (every partition of a started group) one narrow row per partition.
+    unsettled_df = F.broadcast(_materialize(
+        settled.unsettled_partitions(
+            ideal_df,
+            prev_tables["partition_map"],
+            prev_tables["affinity_assignment"],
+            prev_tables["lost_partitions"],
+            _previous(warehouse, prev, "counter_conflicts"),
+            new_reports_df,
+            carried_groups_df,
+        )
+    ))
+    rows = {
+        name: settled.carried(prev_tables[name], unsettled_df, groups_df, carried_groups_df)
+        for name in ("partition_map", "affinity_assignment", "partition_versions")
+    }
+    return _Carry(unsettled_df, rows)
 
 
 def _current_map(
@@ -316,6 +428,8 @@ def run_exchange(
     settings: Settings,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     fault_hook: Callable[[str], None] | None = None,
+    *,
+    carry_settled: bool = True,
 ) -> list[ExchangeSummary]:
     """Process every pending event and the latest reports; commit the resulting versions.
 
@@ -325,6 +439,8 @@ def run_exchange(
         settings: rebalance threshold, validation strictness, affinity settings.
         clock: the time source for ``started_at``/``finished_at`` (tests pin it).
         fault_hook: called with a point name after each write (tests inject crashes here).
+        carry_settled: recompute only the unsettled partitions and carry the others over
+            (:mod:`rebalancer.exchange.settled`); False recomputes every partition (tests compare the two).
 
     Returns:
         One summary per committed exchange, in commit order (empty when nothing was due).
@@ -335,15 +451,42 @@ def run_exchange(
         InputSchemaError: an input table misses a column or has one of an unusable type.
     """
     hook = fault_hook or (lambda _point: None)
+    inputs_timer = _StageClock()
+    with inputs_timer.stage("inputs"):
+        inputs, committed, steps = _prepare(spark, warehouse, settings)
+    summaries: list[ExchangeSummary] = []
+    prev = committed
+    for step in steps:
+        timer = _StageClock()
+        if not summaries:
+            timer.seconds.update(inputs_timer.seconds)
+        summary = _commit(spark, warehouse, settings, inputs, step, prev, clock, hook, timer, carry_settled)
+        summaries.append(summary)
+        prev = _Committed(
+            summary.exchange_id,
+            TopologyState(step.major, step.minor, step.alive, step.groups),
+            max(step.merged_event_seqs, default=prev.last_event_seq if prev else 0),
+            _consumed_report_seq(step, prev, inputs),
+        )
+    for df in (inputs.nodes, inputs.groups, inputs.reports):
+        df.unpersist()
+    return summaries
+
+
+def _prepare(
+    spark: SparkSession, warehouse: Warehouse, settings: Settings
+) -> tuple[_Inputs, _Committed | None, list[ExchangeStep]]:
+    """Validate the inputs (recording rejected rows and events), and plan the exchanges that are due."""
     warehouse.create_tables()
     raw = {name: warehouse.read_raw(name) for name in INPUT_TABLES}
     prior = scalar(warehouse.read("exchanges").agg(F.max("exchange_id"))) or 0
-    validated = validate_inputs(raw, exchange_id=prior + 1, strict=settings.validation.strict)
+    validated = validate_inputs(raw, exchange_id=prior + 1, strict=settings.validation.strict, persist=True)
     _record_rejections(warehouse, validated.rejected)
     valid = validated.valid
     nodes_df = with_defaults("nodes", valid["nodes"]).cache()
     groups_df = with_defaults("cache_groups", valid["cache_groups"]).cache()
-    reports_df = valid["partition_reports"].cache()
+    # No cache: validation already checked every report once (persist=True); this is a filter of those rows.
+    reports_df = valid["partition_reports"]
     node_catalog = {
         r.node_id: NodeInfo(int(r.node_order), bool(r.is_client))
         for r in nodes_df.select("node_id", "node_order", "is_client").collect()
@@ -368,7 +511,6 @@ def run_exchange(
         nodes=nodes_df,
         groups=groups_df,
         reports=reports_df,
-        latest_reports=_materialize(fullmap.latest_reports(reports_df)),
         max_report_seq=scalar(reports_df.agg(F.max("report_seq"))),
     )
     if not steps and committed is not None and _switch_is_due(spark, warehouse, inputs, committed):
@@ -378,20 +520,7 @@ def run_exchange(
                 coordinator=coordinator_of(state.alive),
             )
         ]
-    summaries: list[ExchangeSummary] = []
-    prev = committed
-    for step in steps:
-        summary = _commit(spark, warehouse, settings, inputs, step, prev, clock, hook)
-        summaries.append(summary)
-        prev = _Committed(
-            summary.exchange_id,
-            TopologyState(step.major, step.minor, step.alive, step.groups),
-            max(step.merged_event_seqs, default=prev.last_event_seq if prev else 0),
-            _consumed_report_seq(step, prev, inputs),
-        )
-    for df in (nodes_df, groups_df, reports_df):
-        df.unpersist()
-    return summaries
+    return inputs, committed, steps
 
 
 def _consumed_report_seq(step: ExchangeStep, prev: _Committed | None, inputs: _Inputs) -> int | None:
@@ -414,6 +543,8 @@ def _commit(
     prev: _Committed | None,
     clock: Callable[[], datetime],
     hook: Callable[[str], None],
+    timer: _StageClock,
+    carry_settled: bool,
 ) -> ExchangeSummary:
     started = clock()
     t0 = time.perf_counter()
@@ -425,14 +556,17 @@ def _commit(
         outputs = {name: _previous(warehouse, prev, name) for name in VERSIONED_TABLES if name != "topology"}
         counts, plan_times = _previous_counts(warehouse, prev)
     else:
-        outputs, counts, plan_times = _compute(spark, warehouse, settings, inputs, step, prev, alive_df)
+        outputs, counts, plan_times = _compute(
+            spark, warehouse, settings, inputs, step, prev, alive_df, timer, carry_settled
+        )
     outputs["topology"] = alive_df
     for name in VERSIONED_TABLES:
-        warehouse.replace_where(
-            name,
-            _with_version(outputs[name], major, minor).select(*OUTPUT_TABLES[name].fieldNames()),
-            {"topology_major": major, "topology_minor": minor},
-        )
+        with timer.stage("writes"):
+            warehouse.replace_where(
+                name,
+                _with_version(outputs[name], major, minor).select(*OUTPUT_TABLES[name].fieldNames()),
+                {"topology_major": major, "topology_minor": minor},
+            )
         hook(f"after:{name}")
     servers = sum(1 for i in step.alive.values() if not i.is_client)
     summary = ExchangeSummary(
@@ -447,11 +581,13 @@ def _commit(
         seconds=time.perf_counter() - t0,
         makespan_s=plan_times.get("makespan_s", 0.0),
         makespan_lower_bound_s=plan_times.get("makespan_lower_bound_s", 0.0),
+        stage_seconds=timer.seconds,
         **counts,
     )
-    _commit_exchange_row(
-        spark, warehouse, summary, step, _consumed_report_seq(step, prev, inputs), started, clock()
-    )
+    with timer.stage("commit"):
+        _commit_exchange_row(
+            spark, warehouse, summary, step, _consumed_report_seq(step, prev, inputs), started, clock()
+        )
     hook("after:exchanges")
     for df in outputs.values():
         df.unpersist()

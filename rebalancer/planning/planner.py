@@ -73,7 +73,7 @@ def plan_migrations(
     ideal_df: DataFrame,
     assignment_df: DataFrame,
     map_df: DataFrame,
-    latest_reports_df: DataFrame,
+    reports_df: DataFrame,
     *,
     history_threshold: int,
     full_rebalance: str = ENTRIES,
@@ -85,7 +85,7 @@ def plan_migrations(
         ideal_df: this version's ideal assignment.
         assignment_df: this version's late assignment (replica 0 is the serving primary).
         map_df: this version's final map (after ``demands.add_moving_targets``).
-        latest_reports_df: ``fullmap.latest_reports`` of all reports (suppliers' WAL history).
+        reports_df: ``partition_reports`` rows, all or each copy's latest (suppliers' WAL history).
         history_threshold: ``rebalance.history_threshold``.
         full_rebalance: ``entries`` or ``files``: how FULL COPYs move data.
         file_chunk_bytes: chunk size of file transfers.
@@ -100,7 +100,7 @@ def plan_migrations(
     if full_rebalance not in (ENTRIES, FILES):
         raise ValueError(f"full_rebalance must be {ENTRIES!r} or {FILES!r}, got {full_rebalance!r}")
     part, key = list(PARTITION_KEY), list(COPY_KEY)
-    copies_df = demands.copy_steps(ideal_df, map_df, latest_reports_df, history_threshold)
+    copies_df = demands.copy_steps(ideal_df, map_df, reports_df, history_threshold)
 
     # One row per data-bearing partition: owners now, ideal count and primary, serving primary, COPY count.
     facts_df = (
@@ -218,4 +218,5 @@ def schedule_plan(plan_df: DataFrame, model: scheduling.CostModel, policy: str =
         scheduled = scheduled.append_column("plan_lower_bound_s", pa.array([bound] * scheduled.num_rows, pa.float64()))
         yield from scheduled.select(names).to_batches()
 
-    return conform(plan_df, PLAN_SCHEMA).coalesce(1).mapInArrow(run, SCHEDULED_PLAN_SCHEMA)
+    # repartition, not coalesce: coalesce(1) would also run the plan's upstream stages in that one task.
+    return conform(plan_df, PLAN_SCHEMA).repartition(1).mapInArrow(run, SCHEDULED_PLAN_SCHEMA)

@@ -92,29 +92,31 @@ def partition_stamps(versions_df: DataFrame, groups_df: DataFrame) -> DataFrame:
         ``STAMPS_SCHEMA`` rows, one per group of ``groups_df``.
     """
     require_columns(groups_df, ["group_name", "partitions"], stage="partition_stamps", argument="groups_df")
-    # One row per group with its dense version vector (missing partitions 0), hashed in a vectorised worker:
-    # the work is per group (hundreds), never per partition in Python.
+    # One row per group with its (partition_id, version) pairs; the dense vector (missing partitions 0) is built
+    # and hashed in a vectorised worker: the work is per group (hundreds), never per partition in Python. (A
+    # Spark `transform` over a map looked every partition up linearly: 49 s for 256 x 1,024 partitions.)
     by_group_df = versions_df.groupBy("group_name").agg(
-        F.map_from_entries(F.collect_list(F.struct("partition_id", "partition_version"))).alias("_versions")
+        F.collect_list("partition_id").alias("_ids"), F.collect_list("partition_version").alias("_versions")
     )
-    dense_df = groups_df.select("group_name", "partitions").join(by_group_df, "group_name", "left").select(
-        "group_name",
-        F.transform(
-            F.sequence(F.lit(0), F.col("partitions") - 1),
-            lambda p: F.coalesce(F.col("_versions")[p], F.lit(0).cast("long")),
-        ).alias("versions"),
-    )
+    pairs_df = groups_df.select("group_name", "partitions").join(by_group_df, "group_name", "left")
 
     def stamp(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            names = batch.column("group_name")
-            vectors = batch.column("versions")
-            stamps = [
-                group_stamp(vectors[i].values.to_numpy(zero_copy_only=False)) for i in range(batch.num_rows)
-            ]
-            yield pa.RecordBatch.from_arrays([names, pa.array(stamps, pa.int64())], schema=_STAMP_ARROW)
+            sizes = batch.column("partitions").to_numpy(zero_copy_only=False)
+            ids, versions = batch.column("_ids"), batch.column("_versions")
+            stamps = []
+            for i in range(batch.num_rows):
+                dense = np.zeros(int(sizes[i]), dtype=np.int64)
+                if ids[i].is_valid:
+                    dense[ids[i].values.to_numpy(zero_copy_only=False)] = versions[i].values.to_numpy(
+                        zero_copy_only=False
+                    )
+                stamps.append(group_stamp(dense))
+            yield pa.RecordBatch.from_arrays(
+                [batch.column("group_name"), pa.array(stamps, pa.int64())], schema=_STAMP_ARROW
+            )
 
-    return conform(dense_df.mapInArrow(stamp, STAMPS_SCHEMA), STAMPS_SCHEMA)
+    return conform(pairs_df.mapInArrow(stamp, STAMPS_SCHEMA), STAMPS_SCHEMA)
 
 
 _STAMP_ARROW = pa.schema([("group_name", pa.string()), ("stamp", pa.int64())])
