@@ -40,8 +40,8 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/suite.py
 
-# Scenarios S and M only (3 warm + 1 whole-process run per change): writes bench/results/quick.json and prints
-# the tables; leaves latest.json and docs/ alone.
+# Scenarios S and the M crash, 1 warm + 1 whole-process run each (under 5 minutes): writes
+# bench/results/quick.json and prints the tables; latest.json and docs/ stay as they are.
 bench-quick: $(STAMP)
 	$(PY) bench/suite.py --quick
 

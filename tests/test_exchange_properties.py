@@ -45,7 +45,7 @@ Every exchange the test runs itself (not the twin's) after the first is also run
 warehouse with ``carry_settled=False``: carrying the settled partitions over (:mod:`rebalancer.exchange.settled`)
 must give exactly the rows of recomputing every partition, in every versioned table.
 
-Each example runs 2-5 real exchanges of several seconds each, so the default run is capped at 3 examples
+Each example runs 2-5 real exchanges of several seconds each, so the default run is capped at 2 examples
 (``EXAMPLES`` below). Longer runs: ``HYPOTHESIS_PROFILE=soak .venv/bin/python -m pytest
 tests/test_exchange_properties.py`` uses the soak profile's ``max_examples`` (1000: hours), and
 ``EXCHANGE_PROPERTY_EXAMPLES=N`` sets any count (e.g. 30 for a run of about half an hour).
@@ -73,7 +73,7 @@ from tests.exchange_scenarios import Cluster
 if os.environ.get("EXCHANGE_PROPERTY_EXAMPLES"):
     EXAMPLES = int(os.environ["EXCHANGE_PROPERTY_EXAMPLES"])
 elif os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci":
-    EXAMPLES = 3
+    EXAMPLES = 2
 else:
     EXAMPLES = settings.default.max_examples
 

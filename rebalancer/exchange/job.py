@@ -238,15 +238,13 @@ def _compute(
         name: _previous(warehouse, prev, name)
         for name in ("partition_map", "affinity_assignment", "lost_partitions", "partition_versions")
     }
+    full_ideal_df = ideal_df
     carry: _Carry | None = None
     if prev is not None and carry_settled:
         with stage("settled"):
             carry = _settle(spark, warehouse, inputs, step, prev, ideal_df, groups_df, prev_tables)
-    full_ideal_df = ideal_df
-    if carry is not None:
-        # From here on the stages see only the unsettled partitions (each input restricted once, not at every
-        # reference); the settled ones are carried over at the end.
-        with stage("settled"):
+            # From here on the stages see only the unsettled partitions (each input restricted once, not at every
+            # reference); the settled ones are carried over at the end.
             prev_tables = {
                 name: _materialize(df.join(carry.unsettled, list(PARTITION_KEY), "left_semi"))
                 for name, df in prev_tables.items()
