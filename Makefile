@@ -40,7 +40,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/suite.py
 
-# Scenarios S and the M crash, 1 warm + 1 whole-process run each (under 5 minutes): writes
+# The M crash, 1 warm + 1 whole-process run, with the cap sweep (under 5 minutes): writes
 # bench/results/quick.json and prints the tables; latest.json and docs/ stay as they are.
 bench-quick: $(STAMP)
 	$(PY) bench/suite.py --quick

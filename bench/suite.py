@@ -29,7 +29,7 @@ Everything lands in ``bench/results/latest.json``; the page ``docs/BENCHMARKS.md
 ``docs/images/bench-*.png`` are generated from it (``--from-results`` regenerates them from a results file without
 measuring anything).
 
-``--quick`` (``make bench-quick``, under 5 minutes) runs S and the M crash, with the M cap sweep, writes
+``--quick`` (``make bench-quick``, under 5 minutes) runs the M crash, with the M cap sweep, writes
 ``bench/results/quick.json`` and prints the tables; it leaves latest.json, the page and the plots alone. It times one
 warm and one whole-process run per change (``--runs``/``--cli-runs`` change that): each change already pays a fixed
 cost (the CLI generation, a JVM start, the first exchange in a cold session, the migration analysis) that is most
@@ -833,7 +833,7 @@ def plot(results: dict[str, Any], images: Path) -> list[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="S and the M crash, 1 warm + 1 whole-process run each; writes quick.json, prints tables")
+                        help="the M crash, 1 warm + 1 whole-process run; writes quick.json, prints the tables")
     parser.add_argument("--only", type=lambda s: [x.strip() for x in s.split(",") if x.strip()], default=None,
                         metavar="NAMES", help="scenarios (S, M, L, XL, XXL), changes (M/crash), migrations, affinity")
     parser.add_argument("--runs", type=int, default=None, help="warm runs per change (default 3; 1 with --quick)")
@@ -868,7 +868,7 @@ def main() -> None:
             args.out.write_text(json.dumps(results, indent=1) + "\n")
     else:
         if args.quick:
-            args.only = args.only or ["S", "M/crash"]
+            args.only = args.only or ["M/crash"]
         args.runs = args.runs if args.runs is not None else (1 if args.quick else 3)
         args.cli_runs = args.cli_runs if args.cli_runs is not None else (1 if args.quick else args.runs)
         args.out = args.out or RESULTS / ("quick.json" if args.quick else "latest.json")
