@@ -466,7 +466,7 @@ def run_exchange(
             max(step.merged_event_seqs, default=prev.last_event_seq if prev else 0),
             _consumed_report_seq(step, prev, inputs),
         )
-    for df in (inputs.nodes, inputs.groups, inputs.reports):
+    for df in (inputs.nodes, inputs.groups):  # the cached inputs (reports are read from validation's checkpoint)
         df.unpersist()
     return summaries
 
