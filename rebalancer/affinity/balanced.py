@@ -1,0 +1,660 @@
+"""Balanced affinity "balanced-v1": rendezvous ranking with bounded loads (SPEC section 4, docs/AFFINITY.md).
+
+Contract:
+- A whole-placement function, not a per-partition one: :func:`place_balanced` takes every group that is placed
+  together and the candidate nodes, and returns one ``int32`` matrix per group (partitions x replicas of indexes
+  into ``nodes``, column 0 the primary, -1 = slot the backup filter leaves empty), the shape
+  ``rebalancer.client.affinity.assign_indexes`` returns.
+- Deterministic: the result depends on the node set and the groups' settings only, not on the order either is
+  given in (columns are ranked in node_id order, groups in name order).
+- ``spread=False`` (collocate, as Ignite): groups with equal (partitions, backups, mode, exclude_neighbors,
+  backup_filter) form one *unit*, get identical placements, and each unit is balanced on its own. The ranking is
+  exactly the rendezvous-mmh3-v1 ranking. ``spread=True``: all groups form one unit, balanced together; each
+  group's partitions are salted with the group name, so equal groups are placed independently.
+- Evenness (proved in docs/AFFINITY.md): every node holds at most ``replica_cap`` PARTITIONED replicas and at most
+  ``primary_cap`` primaries, where cap = max(ceil(share), floor(share * (1 + slack))) with slack 0.05 for replicas
+  and 0.10 for primaries, share = the node's capacity-weighted fair share (water-filled where a node or a backup
+  filter class cannot take more than one replica of a partition). The only exceptions are the *overflow*
+  placements counted in :class:`BalancedPlacement` (a partition whose every admissible node is full).
+- Movement: a partition that no full node turned away gets exactly its rendezvous replica set, so after a change
+  a copy moves between two nodes that both stay only in partitions turned away before or after the change.
+- Constraints as rendezvous: ``exclude_neighbors`` (soft: filled ignoring hosts when short) and
+  ``backup_filter`` (hard: slots stay empty). REPLICATED groups: every node holds every partition; only their
+  primaries are balanced.
+
+NumPy and the standard library only (``rebalancer.client`` may call it without Spark).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from rebalancer.affinity.nodeset import NodeSet
+from rebalancer.affinity.rendezvous import (
+    Workspace,
+    batch_size,
+    node_seeds,
+    rendezvous_weights,
+    select_replicas,
+)
+from rebalancer.hashing import murmur3_32, murmur3_32_u32_block
+
+__all__ = [
+    "BALANCED_MODES",
+    "PRIMARY_SLACK",
+    "REPLICA_SLACK",
+    "BalancedGroup",
+    "BalancedPlacement",
+    "InvalidBalancedGroupError",
+    "assign_balanced",
+    "group_seed",
+    "place_balanced",
+    "salted_keys",
+]
+
+IntMatrix = npt.NDArray[np.int32]
+REPLICA_SLACK = 0.05  # replicas per node <= floor(share * 1.05) (or ceil(share) when that is larger)
+PRIMARY_SLACK = 0.10  # primaries per node <= floor(share * 1.10) (or ceil(share))
+BALANCED_MODES = ("PARTITIONED", "REPLICATED")
+# Width of the first ranking window: the replicas plus two turn-aways; rows that walk further are re-ranked
+# with a 4x wider window (up to every node).
+_EXTRA_WINDOW = 2
+_TWO_POW_MINUS_32 = 2.0**-32
+
+
+class InvalidBalancedGroupError(ValueError):
+    """A group handed to the balanced affinity breaks its contract; the message names the group and the value."""
+
+
+@dataclass(frozen=True)
+class BalancedGroup:
+    """One cache group's placement settings (SPEC section 2 values, nulls already resolved).
+
+    Attributes:
+        name: group_name (unique among the groups placed together).
+        partitions: partition count (>= 0); partition ids are ``0 .. partitions - 1``.
+        backups: backups per partition (>= 0; ignored for REPLICATED).
+        mode: ``PARTITIONED`` or ``REPLICATED``.
+        exclude_neighbors: keep replicas on distinct hosts where possible.
+        backup_filter: attribute names replicas must differ in (hard rule).
+    """
+
+    name: str
+    partitions: int
+    backups: int
+    mode: str = "PARTITIONED"
+    exclude_neighbors: bool = False
+    backup_filter: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise InvalidBalancedGroupError(f"group name must be a non-empty string, got {self.name!r}")
+        if self.partitions < 0:
+            raise InvalidBalancedGroupError(f"group {self.name!r}: partitions must be >= 0, got {self.partitions}")
+        if self.backups < 0:
+            raise InvalidBalancedGroupError(f"group {self.name!r}: backups must be >= 0, got {self.backups}")
+        if self.mode not in BALANCED_MODES:
+            raise InvalidBalancedGroupError(
+                f"group {self.name!r}: mode {self.mode!r} is not one of {', '.join(BALANCED_MODES)}"
+            )
+        object.__setattr__(self, "backup_filter", tuple(self.backup_filter))
+
+    @property
+    def replicated(self) -> bool:
+        """True for REPLICATED groups (every node holds every partition)."""
+        return self.mode == "REPLICATED"
+
+    @property
+    def collocation_key(self) -> tuple[int, int, str, bool, tuple[str, ...]]:
+        """Groups with equal keys get identical placements when not spread."""
+        backups = 0 if self.replicated else self.backups
+        excl = self.exclude_neighbors and not self.replicated
+        names = () if self.replicated else self.backup_filter
+        return (self.partitions, backups, self.mode, excl, names)
+
+
+@dataclass(frozen=True)
+class BalancedPlacement:
+    """Result of :func:`place_balanced`; per-node arrays are indexed like ``nodes`` (NodeSet order).
+
+    Attributes:
+        matrices: group name -> ``int32`` matrix partitions x replicas (indexes into ``nodes``, -1 = empty slot).
+        replica_share: fair share of PARTITIONED replicas per node (summed over units).
+        replica_cap: the bound on PARTITIONED replicas per node (summed over units).
+        primary_share: fair share of primaries per node (all groups).
+        primary_cap: the bound on primaries per node.
+        turned_away: group name -> per partition, whether a full node turned it away at least once (its list may
+            then differ from the rendezvous list; the others' lists equal it).
+        overflow: replicas placed beyond a cap because every admissible node was full (0 in the proved cases).
+        primary_overflow: primaries placed beyond a cap because every replica of the partition was full.
+    """
+
+    matrices: dict[str, IntMatrix]
+    replica_share: npt.NDArray[np.float64]
+    replica_cap: npt.NDArray[np.int64]
+    primary_share: npt.NDArray[np.float64]
+    primary_cap: npt.NDArray[np.int64]
+    turned_away: dict[str, npt.NDArray[np.bool_]]
+    overflow: int
+    primary_overflow: int
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hash inputs
+# ---------------------------------------------------------------------------------------------------------------
+def group_seed(group_name: str) -> int:
+    """``mmh3(utf8(group_name), seed=0)`` as unsigned 32-bit: the salt of a group's partitions when spread."""
+    return murmur3_32(group_name.encode("utf-8"), 0)
+
+
+def salted_keys(group_name: str, partitions: int) -> npt.NDArray[np.uint32]:
+    """Hash inputs of a spread group's partitions: ``mmh3(p as 4-byte LE, seed=group_seed(name))`` (unsigned)."""
+    return murmur3_32_u32_block(np.arange(partitions, dtype=np.uint32), np.uint32(group_seed(group_name)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Node columns: node_id order, the tie rule of the ranking
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Columns:
+    perm: npt.NDArray[np.intp]  # column -> index into the NodeSet
+    seeds: npt.NDArray[np.uint32]
+    capacities: npt.NDArray[np.float64]
+    uniform: bool
+    hosts: npt.NDArray[np.int32]
+
+
+def _columns(nodes: NodeSet) -> _Columns:
+    perm = np.array(sorted(range(len(nodes)), key=lambda i: nodes.node_ids[i]), dtype=np.intp)
+    return _Columns(
+        perm=perm,
+        seeds=node_seeds([nodes.node_ids[i] for i in perm]),
+        capacities=np.array([nodes.capacities[i] for i in perm], dtype=np.float64),
+        uniform=nodes.uniform_capacity,
+        hosts=nodes.host_classes()[perm],
+    )
+
+
+def _filter_classes(nodes: NodeSet, cols: _Columns, names: tuple[str, ...]) -> npt.NDArray[np.int32]:
+    return nodes.filter_classes(names)[cols.perm]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fair shares and caps
+# ---------------------------------------------------------------------------------------------------------------
+def _seq_sum(values: npt.NDArray[np.float64]) -> float:
+    """Left-to-right IEEE double sum (the order other clients reproduce; ``np.sum`` is pairwise)."""
+    return float(np.cumsum(values)[-1]) if values.size else 0.0
+
+
+def _water_fill(weights: npt.NDArray[np.float64], total: float, limit: float) -> npt.NDArray[np.float64]:
+    """Split ``total`` over classes in proportion to ``weights``, no class above ``limit`` (IEEE double).
+
+    Classes in order of weight descending, ties by position; ``rest[i]`` = sum of the weights from position ``i``
+    to the end, accumulated from the end. The first ``i`` classes are saturated at ``limit`` for the smallest ``i``
+    with ``(total - i * limit) * w[i] <= limit * rest[i]``; the others get ``(total - i * limit) * w / rest[i]``,
+    or an equal part of it when ``rest[i]`` is 0. Requires ``total <= limit * len(weights)``.
+    """
+    k = weights.size
+    order = np.lexsort((np.arange(k), -weights))
+    w = weights[order]
+    rest = np.cumsum(w[::-1])[::-1]
+    remaining = total - np.arange(k) * limit
+    fits = (rest == 0.0) | (remaining * w <= limit * rest)
+    i = int(np.argmax(fits))  # fits[k - 1] always holds: remaining <= limit there
+    out_sorted = np.full(k, limit, dtype=np.float64)
+    if rest[i] == 0.0:
+        out_sorted[i:] = remaining[i] / (k - i)
+    else:
+        out_sorted[i:] = remaining[i] * w[i:] / rest[i]
+    out = np.empty(k, dtype=np.float64)
+    out[order] = out_sorted
+    return out
+
+
+def _replica_share(
+    partitions: int, backups: int, names: tuple[str, ...], nodes: NodeSet, cols: _Columns
+) -> npt.NDArray[np.float64]:
+    """Fair share of one PARTITIONED group's replicas per column (docs/AFFINITY.md, balanced-v1 step 2)."""
+    n = cols.perm.size
+    caps = cols.capacities
+    # Classes that hold at most one replica of a partition: the filter's, else every node on its own.
+    cls = _filter_classes(nodes, cols, names) if names else np.arange(n, dtype=np.int32)
+    # Dense class numbers in order of first column, so class order is node_id order.
+    _, first, dense = np.unique(cls, return_index=True, return_inverse=True)
+    rank = np.argsort(np.argsort(first, kind="stable"), kind="stable")
+    dense = rank[dense]
+    k = first.size
+    weights = np.bincount(dense, weights=caps, minlength=k)  # sequential per class, in column order
+    size = np.bincount(dense, minlength=k)
+    total = float(partitions * min(backups + 1, n, k))
+    alloc = _water_fill(weights, total, float(partitions))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(weights[dense] > 0.0, alloc[dense] * caps / weights[dense], alloc[dense] / size[dense])
+    return np.asarray(share, dtype=np.float64)
+
+
+def _primary_share(partitions: int, cols: _Columns) -> npt.NDArray[np.float64]:
+    """Fair share of one group's primaries per column: partitions * capacity / total capacity."""
+    caps = cols.capacities
+    total = _seq_sum(caps)
+    if total == 0.0:
+        return np.full(caps.size, partitions / caps.size)
+    return np.asarray(partitions * caps / total, dtype=np.float64)
+
+
+def _cap(share: npt.NDArray[np.float64], slack: float) -> npt.NDArray[np.int64]:
+    return np.maximum(np.ceil(share), np.floor(share * (1.0 + slack))).astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Ranking windows
+# ---------------------------------------------------------------------------------------------------------------
+class _Ranking:
+    """The best columns per row (rendezvous order), in windows widened on demand.
+
+    ``at(rows, k)`` returns each row's k-th ranked column and its key (smaller key = better rank; uint32 ``~weight``
+    for uniform capacities, else float64 ``capacity / ln(u)``). Rows are re-ranked with a 4x wider window (up to
+    all columns) the first time they ask beyond their window.
+    """
+
+    def __init__(self, hkeys: npt.NDArray[np.uint32], cols: _Columns, width: int) -> None:
+        self.hkeys, self.cols, self.n = hkeys, cols, cols.perm.size
+        rows = hkeys.size
+        self.width = np.full(rows, min(width, self.n), dtype=np.int64)
+        cand, keys = self._rank(np.arange(rows), int(self.width[0]) if rows else 0)
+        self.cand, self.keys = [cand], [keys]  # tiers: tier t holds rows whose windows were widened t times
+        self.tier = np.zeros(rows, dtype=np.int8)
+        self.slot: list[npt.NDArray[np.int64]] = [np.arange(rows)]
+
+    def _keys(self, hk: npt.NDArray[np.uint32], ws: Workspace) -> np.ndarray:
+        w = rendezvous_weights(hk, self.cols.seeds, ws)
+        if self.cols.uniform:
+            return np.invert(w, out=w)
+        u = ws.get("score", np.float64, hk.size)
+        np.copyto(u, w, casting="safe")
+        u += 0.5
+        u *= _TWO_POW_MINUS_32
+        np.log(u, out=u)
+        return np.divide(self.cols.capacities[None, :], u, out=u)
+
+    def _rank(self, rows: npt.NDArray[np.intp], width: int) -> tuple[npt.NDArray[np.int32], np.ndarray]:
+        dtype = np.uint32 if self.cols.uniform else np.float64
+        cand = np.empty((rows.size, width), dtype=np.int32)
+        keys = np.empty((rows.size, width), dtype=dtype)
+        if rows.size == 0 or width == 0:
+            return cand, keys
+        step = batch_size(self.n)
+        ws = Workspace(min(step, rows.size), self.n)
+        for start in range(0, rows.size, step):
+            k = self._keys(self.hkeys[rows[start : start + step]], ws)
+            c = select_replicas(k, width)
+            cand[start : start + step] = c
+            keys[start : start + step] = np.take_along_axis(k, c, axis=1)
+        return cand, keys
+
+    def _widen(self, rows: npt.NDArray[np.intp]) -> None:
+        new_width = min(self.n, int(self.width[rows].max()) * 4)
+        cand, keys = self._rank(rows, new_width)
+        tier = len(self.cand)
+        self.cand.append(cand)
+        self.keys.append(keys)
+        slot = np.full(self.hkeys.size, -1, dtype=np.int64)
+        slot[rows] = np.arange(rows.size)
+        self.slot.append(slot)
+        self.tier[rows] = tier
+        self.width[rows] = new_width
+
+    def full(self, rows: npt.NDArray[np.intp]) -> tuple[npt.NDArray[np.int32], np.ndarray]:
+        """The whole ranking of ``rows`` (columns and keys), best first."""
+        return self._rank(rows, self.n)
+
+    def at(self, rows: npt.NDArray[np.intp], k: int) -> tuple[npt.NDArray[np.int32], np.ndarray]:
+        short = rows[self.width[rows] <= k]
+        if short.size:
+            self._widen(short)
+        cand = np.empty(rows.size, dtype=np.int32)
+        keys = np.empty(rows.size, dtype=self.keys[0].dtype)
+        tiers = self.tier[rows]
+        for t in np.unique(tiers).tolist():
+            sel = tiers == t
+            pos = self.slot[t][rows[sel]]
+            cand[sel] = self.cand[t][pos, k]
+            keys[sel] = self.keys[t][pos, k]
+        return cand, keys
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The level walk
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass
+class _Unit:
+    """Rows placed together: one collocation class, or every group when spread."""
+
+    groups: list[BalancedGroup]  # groups whose rows are in the unit (one per class when collocating)
+    offsets: list[int]  # first row of each group
+    hkeys: npt.NDArray[np.uint32]
+
+
+def _accept(
+    rows: npt.NDArray[np.intp],
+    cand: npt.NDArray[np.int32],
+    keys: np.ndarray,
+    spare: npt.NDArray[np.int64],
+) -> npt.NDArray[np.bool_]:
+    """Which proposals (row -> column) a level accepts: all, where a column has room for all of its proposals;
+    else the ``spare`` best by key (ascending), ties by row (ascending)."""
+    n = spare.size
+    wanted = np.bincount(cand, minlength=n)
+    contested = wanted > spare
+    ok = ~contested[cand]
+    hot = np.flatnonzero(~ok)
+    if hot.size:
+        order = np.lexsort((rows[hot], keys[hot], cand[hot]))
+        c = cand[hot][order]
+        first = np.searchsorted(c, c, side="left")
+        within = np.arange(c.size) - first
+        ok[hot[order[within < spare[c]]]] = True
+    return ok
+
+
+class _Walk:
+    """State of the replica walk of one unit: accepted columns per row, loads per column."""
+
+    def __init__(self, ranking: _Ranking, need: npt.NDArray[np.int64], width: int, n: int) -> None:
+        self.ranking, self.need, self.n = ranking, need, n
+        rows = need.size
+        self.acc = np.full((rows, max(width, 1)), -1, dtype=np.int32)
+        self.acc_key = np.zeros((rows, max(width, 1)), dtype=ranking.keys[0].dtype)
+        self.count = np.zeros(rows, dtype=np.int64)
+        self.load = np.zeros(n, dtype=np.int64)
+        self.turned = np.zeros(rows, dtype=bool)
+
+    def run(
+        self,
+        rows: npt.NDArray[np.intp],
+        goal: npt.NDArray[np.int64],
+        rules: list[tuple[npt.NDArray[np.intp], tuple[npt.NDArray[np.int32], ...]]],
+        cap: npt.NDArray[np.int64],
+    ) -> None:
+        """Walk the ranking level by level for ``rows`` until each holds ``goal[row]`` columns or the ranking ends.
+
+        ``rules``: (rows, class arrays) pairs; a proposal is admissible when its classes differ from every
+        accepted column's; columns the row already holds are skipped. ``cap``: the bound per column.
+        """
+        rule_of = np.full(self.need.size, -1, dtype=np.int64)
+        for i, (members, _) in enumerate(rules):
+            rule_of[members] = i
+        active = rows[self.count[rows] < goal[rows]]
+        for k in range(self.n):
+            if active.size == 0:
+                return
+            cand, keys = self.ranking.at(active, k)
+            ok = ~(self.acc[active] == cand[:, None]).any(axis=1)
+            rid = rule_of[active]
+            for i, (_, classes) in enumerate(rules):
+                sel = np.flatnonzero(rid == i)
+                if sel.size == 0 or not classes:
+                    continue
+                held = self.acc[active[sel]]
+                for cls in classes:
+                    ext = np.append(cls, np.int32(-1))  # -1 (empty slot) maps to a class no node has
+                    clash = (ext[held] == cls[cand[sel]][:, None]).any(axis=1)
+                    ok[sel[clash]] = False
+            p_rows, p_cand, p_keys = active[ok], cand[ok], keys[ok]
+            took = _accept(p_rows, p_cand, p_keys, cap - self.load)
+            self.turned[p_rows[~took]] = True
+            t_rows, t_cand = p_rows[took], p_cand[took]
+            slot = self.count[t_rows]
+            self.acc[t_rows, slot] = t_cand
+            self.acc_key[t_rows, slot] = p_keys[took]
+            self.count[t_rows] += 1
+            self.load += np.bincount(t_cand, minlength=self.n)
+            active = active[self.count[active] < goal[active]]
+
+
+def _classes_count(cls: npt.NDArray[np.int32]) -> int:
+    return int(np.unique(cls).size)
+
+
+@dataclass(frozen=True)
+class _UnitResult:
+    """One unit's matrices (NodeSet indexes), per-column shares and caps, and counters."""
+
+    matrices: dict[str, IntMatrix]
+    share: npt.NDArray[np.float64]
+    cap: npt.NDArray[np.int64]
+    pshare: npt.NDArray[np.float64]
+    pcap: npt.NDArray[np.int64]
+    turned_away: dict[str, npt.NDArray[np.bool_]]
+    overflow: int
+    primary_overflow: int
+
+
+def _primaries(
+    ranking: _Ranking,
+    rows: npt.NDArray[np.intp],
+    caps: list[npt.NDArray[np.int64]],
+    loads: list[npt.NDArray[np.int64]],
+) -> tuple[np.ndarray, np.ndarray, npt.NDArray[np.bool_], int]:
+    """Primary of each of ``rows``: level walk over the ranking; a column takes a primary while it is below every
+    bound in ``caps`` (each counted in the matching ``loads``, which are updated). Rows the bounds leave without
+    a primary walk again in rounds t = 1, 2, ... with every bound raised by t.
+
+    Returns (primary column per row, key at it, whether a full column turned the row away, rows placed in a
+    round t >= 1).
+    """
+    n = ranking.n
+    turned = np.zeros(rows.size, dtype=bool)
+    prim = np.full(rows.size, -1, dtype=np.int32)
+    pkey = np.zeros(rows.size, dtype=ranking.keys[0].dtype)
+    todo = np.arange(rows.size)
+    late = 0
+    for extra in range(rows.size + 1):
+        if extra == 1:
+            late = int(todo.size)
+        active = todo
+        for j in range(n):
+            if active.size == 0:
+                break
+            cand, keys = ranking.at(rows[active], j)
+            spare = np.minimum.reduce([c + extra - ld for c, ld in zip(caps, loads, strict=True)])
+            took = _accept(rows[active], cand, keys, spare)
+            turned[active[~took]] = True
+            prim[active[took]] = cand[took]
+            pkey[active[took]] = keys[took]
+            got = np.bincount(cand[took], minlength=n)
+            for ld in loads:
+                ld += got
+            active = active[~took]
+        todo = todo[prim[todo] < 0]
+        if todo.size == 0:
+            break
+    return prim, pkey, turned, late
+
+
+def _place_unit(unit: _Unit, nodes: NodeSet, cols: _Columns) -> _UnitResult:
+    """Place one unit (docs/AFFINITY.md, "balanced-v1", steps 3 to 6)."""
+    n = cols.perm.size
+    part_groups = [(g, o) for g, o in zip(unit.groups, unit.offsets, strict=True) if not g.replicated]
+    repl_groups = [(g, o) for g, o in zip(unit.groups, unit.offsets, strict=True) if g.replicated]
+    rows = unit.hkeys.size
+    r_max = max([min(g.backups + 1, n) for g, _ in part_groups], default=1)
+    ranking = _Ranking(unit.hkeys, cols, r_max + _EXTRA_WINDOW)
+
+    # ---- shares and caps
+    share = np.zeros(n, dtype=np.float64)
+    pshare = np.zeros(n, dtype=np.float64)
+    memo: dict[tuple[int, int, tuple[str, ...]], npt.NDArray[np.float64]] = {}
+    for g in sorted(unit.groups, key=lambda g: g.name):
+        if not g.replicated:
+            key = (g.partitions, g.backups, g.backup_filter)
+            if key not in memo:
+                memo[key] = _replica_share(g.partitions, g.backups, g.backup_filter, nodes, cols)
+            share += memo[key]
+        pshare += _primary_share(g.partitions, cols)
+    cap, pcap = _cap(share, REPLICA_SLACK), _cap(pshare, PRIMARY_SLACK)
+
+    # ---- per-row goals and rules
+    need = np.zeros(rows, dtype=np.int64)
+    goal_a = np.zeros(rows, dtype=np.int64)
+    rules_a: list[tuple[npt.NDArray[np.intp], tuple[npt.NDArray[np.int32], ...]]] = []
+    rules_b: list[tuple[npt.NDArray[np.intp], tuple[npt.NDArray[np.int32], ...]]] = []
+    fill_rows: list[npt.NDArray[np.intp]] = []
+    for g, o in part_groups:
+        members = np.arange(o, o + g.partitions)
+        fcls = _filter_classes(nodes, cols, g.backup_filter) if g.backup_filter else None
+        want = min(g.backups + 1, n)
+        if fcls is not None:
+            want = min(want, _classes_count(fcls))
+        need[members] = want
+        goal_a[members] = min(want, _classes_count(cols.hosts)) if g.exclude_neighbors else want
+        classes_a: tuple[npt.NDArray[np.int32], ...] = ()
+        if g.exclude_neighbors:
+            classes_a += (cols.hosts,)
+            fill_rows.append(members)
+        if fcls is not None:
+            classes_a += (fcls,)
+        rules_a.append((members, classes_a))
+        rules_b.append((members, () if fcls is None else (fcls,)))
+    part_rows = np.flatnonzero(need > 0)
+    repl_rows = [np.arange(o, o + g.partitions) for g, o in repl_groups]
+    repl = np.concatenate(repl_rows) if repl_rows else np.zeros(0, dtype=np.intp)
+
+    # ---- step 4: primaries (PARTITIONED rows under both bounds, then REPLICATED rows under the primary bound)
+    walk = _Walk(ranking, need, r_max, n)
+    pload = np.zeros(n, dtype=np.int64)
+    prim, pkey, turned, late = _primaries(ranking, part_rows, [pcap, cap], [pload, walk.load])
+    walk.turned[part_rows] = turned
+    walk.acc[part_rows, 0] = prim
+    walk.acc_key[part_rows, 0] = pkey
+    walk.count[part_rows] = 1
+    rprim, _, rturned, rlate = _primaries(ranking, repl, [pcap], [pload])
+    walk.turned[repl] = rturned
+
+    # ---- step 5: the other replicas: pass A (all rules), fill (filter only), overflow rounds (caps + t)
+    walk.run(part_rows, goal_a, rules_a, cap)
+    if fill_rows:
+        walk.run(np.concatenate(fill_rows), need, rules_b, cap)
+    before = int(walk.count.sum())
+    extra = 0
+    while (short := part_rows[walk.count[part_rows] < need[part_rows]]).size:
+        extra += 1
+        walk.run(short, need, rules_b, cap + extra)
+    overflow = int(walk.count.sum()) - before
+
+    # ---- step 6: assemble (columns -> NodeSet indexes)
+    matrices: dict[str, IntMatrix] = {}
+    for g, o in part_groups:
+        acc = walk.acc[o : o + g.partitions, : min(g.backups + 1, n)]
+        matrices[g.name] = np.where(acc >= 0, cols.perm[np.maximum(acc, 0)], -1).astype(np.int32)
+    repl_at = np.full(rows, -1, dtype=np.int64)
+    repl_at[repl] = np.arange(repl.size)
+    for (g, _), members in zip(repl_groups, repl_rows, strict=True):
+        order = ranking.full(members)[0]
+        first = rprim[repl_at[members]]
+        rest = order[order != first[:, None]].reshape(members.size, n - 1)
+        matrices[g.name] = cols.perm[np.concatenate([first[:, None], rest], axis=1)].astype(np.int32)
+    return _UnitResult(
+        matrices=matrices,
+        share=share,
+        cap=cap,
+        pshare=pshare,
+        pcap=pcap,
+        turned_away={g.name: walk.turned[o : o + g.partitions] for g, o in zip(unit.groups, unit.offsets, strict=True)},
+        overflow=overflow,
+        primary_overflow=late + rlate,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Public entry points
+# ---------------------------------------------------------------------------------------------------------------
+def _units(groups: Sequence[BalancedGroup], spread: bool) -> list[tuple[_Unit, list[BalancedGroup]]]:
+    """Units in a canonical order, each with the groups that receive its placement."""
+    ordered = sorted(groups, key=lambda g: g.name)
+    if spread:
+        offsets = np.cumsum([0] + [g.partitions for g in ordered])[:-1].tolist()
+        hkeys = np.concatenate([salted_keys(g.name, g.partitions) for g in ordered]) if ordered else (
+            np.zeros(0, dtype=np.uint32))
+        return [(_Unit(ordered, offsets, hkeys), ordered)]
+    classes: dict[tuple[int, int, str, bool, tuple[str, ...]], list[BalancedGroup]] = {}
+    for g in ordered:
+        classes.setdefault(g.collocation_key, []).append(g)
+    units = []
+    for members in classes.values():
+        head = members[0]
+        units.append((_Unit([head], [0], np.arange(head.partitions, dtype=np.uint32)), members))
+    return units
+
+
+def place_balanced(groups: Iterable[BalancedGroup], nodes: NodeSet, *, spread: bool) -> BalancedPlacement:
+    """The balanced-v1 placement of ``groups`` on ``nodes``, with its shares, caps and counters.
+
+    Args:
+        groups: every group placed together (names unique); their order does not matter.
+        nodes: the candidate (alive server) nodes; their order does not matter.
+        spread: True = balance all groups together, each group salted by its name; False = collocate groups with
+            equal (partitions, backups, mode, exclude_neighbors, backup_filter) as Ignite does, and balance each
+            such class on its own.
+
+    Returns:
+        The placement; ``matrices[name]`` is ``int32`` partitions x replicas, replicas = min(backups + 1, nodes)
+        (all nodes for REPLICATED), column 0 the primary, the other replicas in ranking order, -1 where the
+        backup filter leaves a slot empty.
+
+    Raises:
+        InvalidBalancedGroupError: two groups share a name.
+    """
+    groups = list(groups)
+    names = [g.name for g in groups]
+    if len(set(names)) != len(names):
+        dup = sorted({x for x in names if names.count(x) > 1})
+        raise InvalidBalancedGroupError(f"group names must be unique; repeated: {', '.join(dup)}")
+    n = len(nodes)
+    zeros_f, zeros_i = np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64)
+    if n == 0:
+        empty = {g.name: np.full((g.partitions, 0), -1, dtype=np.int32) for g in groups}
+        none = {g.name: np.zeros(g.partitions, dtype=bool) for g in groups}
+        return BalancedPlacement(empty, zeros_f, zeros_i, zeros_f, zeros_i, none, 0, 0)
+    cols: _Columns = nodes.derived("balanced", _columns)
+    share, cap, pshare, pcap = zeros_f.copy(), zeros_i.copy(), zeros_f.copy(), zeros_i.copy()
+    matrices: dict[str, IntMatrix] = {}
+    turned: dict[str, npt.NDArray[np.bool_]] = {}
+    over = pover = 0
+    for unit, receivers in _units(groups, spread):
+        res = _place_unit(unit, nodes, cols)
+        for g in receivers:
+            source = g.name if g.name in res.matrices else unit.groups[0].name
+            matrices[g.name] = res.matrices[source].copy()
+            turned[g.name] = res.turned_away[source].copy()
+        # per-node figures in NodeSet order; a collocated class counts once per member group
+        times = len(receivers) if not spread else 1
+        share[cols.perm] += res.share * times
+        cap[cols.perm] += res.cap * times
+        pshare[cols.perm] += res.pshare * times
+        pcap[cols.perm] += res.pcap * times
+        over += res.overflow * times
+        pover += res.primary_overflow * times
+    return BalancedPlacement(matrices, share, cap, pshare, pcap, turned, over, pover)
+
+
+def assign_balanced(groups: Iterable[BalancedGroup], nodes: NodeSet, *, spread: bool) -> dict[str, IntMatrix]:
+    """The balanced-v1 replica matrices of ``groups`` (see :func:`place_balanced`, which also returns the caps).
+
+    Args:
+        groups: every group placed together; order does not matter.
+        nodes: the candidate (alive server) nodes; order does not matter.
+        spread: balance all groups together (True) or collocate equal groups (False).
+
+    Returns:
+        group name -> ``int32`` matrix partitions x replicas of indexes into ``nodes``, column 0 the primary.
+
+    Raises:
+        InvalidBalancedGroupError: two groups share a name.
+    """
+    return place_balanced(groups, nodes, spread=spread).matrices

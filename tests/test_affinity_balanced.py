@@ -1,0 +1,407 @@
+"""balanced-v1: golden vectors, evenness and movement properties, constraints, determinism (no Spark).
+
+Property tests run under the suite's hypothesis profile: ``ci`` (25 examples per test, the default) or
+``HYPOTHESIS_PROFILE=soak`` (1,000 per test, thousands in all), e.g.
+``HYPOTHESIS_PROFILE=soak .venv/bin/python -m pytest -p no:cacheprovider tests/test_affinity_balanced.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+import mmh3
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rebalancer.affinity.balanced import (
+    BalancedGroup,
+    BalancedPlacement,
+    InvalidBalancedGroupError,
+    assign_balanced,
+    group_seed,
+    place_balanced,
+    salted_keys,
+)
+from rebalancer.affinity.nodeset import NodeSet
+from rebalancer.affinity.rendezvous import assign_rendezvous
+
+
+# ---- helpers ---------------------------------------------------------------------------------------------------
+def loads(placement: BalancedPlacement, groups: Sequence[BalancedGroup], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """PARTITIONED replicas and primaries (all groups) per node index."""
+    replicas = np.zeros(n, dtype=np.int64)
+    primaries = np.zeros(n, dtype=np.int64)
+    for g in groups:
+        m = placement.matrices[g.name]
+        if m.shape[1] == 0:
+            continue
+        primaries += np.bincount(m[:, 0], minlength=n)
+        if not g.replicated:
+            replicas += np.bincount(m[m >= 0], minlength=n)
+    return replicas, primaries
+
+
+def by_id(matrix: np.ndarray, nodes: NodeSet) -> list[list[str]]:
+    return [[nodes.node_ids[i] for i in row if i >= 0] for row in matrix.tolist()]
+
+
+def rendezvous_rows(group: BalancedGroup, nodes: NodeSet, spread: bool) -> np.ndarray:
+    """The plain (uncapped) rendezvous lists of a group, with the same hash inputs as balanced."""
+    keys = salted_keys(group.name, group.partitions) if spread else np.arange(group.partitions)
+    return assign_rendezvous(keys, nodes, group.backups, group.replicated, group.exclude_neighbors,
+                             group.backup_filter)
+
+
+def moved_copies(before: list[list[str]], after: list[list[str]]) -> tuple[int, list[int]]:
+    """Copies created by the change (per partition: nodes in ``after`` not in ``before``), and the partitions."""
+    total, rows = 0, []
+    for p, (b, a) in enumerate(zip(before, after, strict=True)):
+        new = len(set(a) - set(b))
+        total += new
+        if new:
+            rows.append(p)
+    return total, rows
+
+
+# ---- strategies ------------------------------------------------------------------------------------------------
+@st.composite
+def clusters(draw: st.DrawFn, min_nodes: int = 1, max_nodes: int = 12) -> NodeSet:
+    n = draw(st.integers(min_nodes, max_nodes))
+    ids = [f"node{i}" for i in draw(st.permutations(range(max_nodes + 4)))[:n]]
+    hosts = [draw(st.sampled_from(["h0", "h1", "h2", "h3", "h4", None])) for _ in range(n)]
+    zones = [{"zone": draw(st.sampled_from(["z0", "z1", "z2"]))} for _ in range(n)]
+    kind = draw(st.sampled_from(["uniform", "weighted", "with-zero"]))
+    if kind == "uniform":
+        caps = [1.0] * n
+    else:
+        caps = [draw(st.sampled_from([0.5, 1.0, 2.0, 3.0])) for _ in range(n)]
+        if kind == "with-zero" and n > 1:
+            caps[draw(st.integers(0, n - 1))] = 0.0
+    return NodeSet.of(ids, hosts=hosts, attributes=zones, capacities=caps)
+
+
+@st.composite
+def group_lists(draw: st.DrawFn, rules: bool = True, replicated: bool = True) -> list[BalancedGroup]:
+    count = draw(st.integers(1, 4))
+    groups = []
+    for i in range(count):
+        mode = draw(st.sampled_from(["PARTITIONED"] * 5 + (["REPLICATED"] if replicated else [])))
+        groups.append(
+            BalancedGroup(
+                name=f"group{i}",
+                partitions=draw(st.integers(1, 48)),
+                backups=draw(st.integers(0, 3)),
+                mode=mode,
+                exclude_neighbors=rules and draw(st.booleans()),
+                backup_filter=("zone",) if rules and draw(st.booleans()) else (),
+            )
+        )
+    return groups
+
+
+# ---- golden vectors: other clients check themselves against these ---------------------------------------------
+GOLDEN_NODES = NodeSet.of([f"node{i}" for i in range(5)])
+
+
+def test_golden_hash_inputs() -> None:
+    assert group_seed("group0") == 1713770047 == mmh3.hash(b"group0", 0, signed=False)
+    assert salted_keys("group0", 4).tolist() == [3220000057, 197717929, 3528017349, 1207828502]
+    assert salted_keys("group0", 4).tolist() == [
+        mmh3.hash(p.to_bytes(4, "little"), 1713770047, signed=False) for p in range(4)
+    ]
+
+
+def test_golden_collocated_assignment() -> None:
+    g = BalancedGroup("group0", 12, 1)
+    placement = place_balanced([g], GOLDEN_NODES, spread=False)
+    assert by_id(placement.matrices["group0"], GOLDEN_NODES) == GOLDEN_COLLOCATED
+    assert placement.replica_cap.tolist() == [5, 5, 5, 5, 5]
+    assert placement.primary_cap.tolist() == [3, 3, 3, 3, 3]
+
+
+def test_golden_spread_assignment() -> None:
+    groups = [BalancedGroup("group0", 6, 1), BalancedGroup("group1", 6, 1)]
+    matrices = assign_balanced(groups, GOLDEN_NODES, spread=True)
+    assert by_id(matrices["group0"], GOLDEN_NODES) == GOLDEN_SPREAD_0
+    assert by_id(matrices["group1"], GOLDEN_NODES) == GOLDEN_SPREAD_1
+
+
+def test_golden_weighted_assignment() -> None:
+    nodes = NodeSet.of(["a", "b", "c", "d"], capacities=[1.0, 2.0, 1.0, 0.5])
+    placement = place_balanced([BalancedGroup("g", 9, 1)], nodes, spread=False)
+    assert by_id(placement.matrices["g"], nodes) == GOLDEN_WEIGHTED
+    assert placement.replica_cap.tolist() == [4, 8, 4, 2]
+
+
+# ---- structure: balanced is rendezvous wherever no cap turned a partition away ---------------------------------
+@given(nodes=clusters(), groups=group_lists(), spread=st.booleans())
+def test_partitions_never_turned_away_get_their_rendezvous_list(
+    nodes: NodeSet, groups: list[BalancedGroup], spread: bool
+) -> None:
+    placement = place_balanced(groups, nodes, spread=spread)
+    for g in groups:
+        plain = rendezvous_rows(g, nodes, spread)
+        mine = placement.matrices[g.name]
+        assert mine.shape == plain.shape
+        calm = ~placement.turned_away[g.name]
+        assert np.array_equal(mine[calm], plain[calm]), g
+
+
+# ---- evenness --------------------------------------------------------------------------------------------------
+@given(nodes=clusters(), groups=group_lists(), spread=st.booleans())
+def test_no_node_above_its_cap_unless_overflow(nodes: NodeSet, groups: list[BalancedGroup], spread: bool) -> None:
+    placement = place_balanced(groups, nodes, spread=spread)
+    replicas, primaries = loads(placement, groups, len(nodes))
+    if placement.overflow == 0:
+        assert (replicas <= placement.replica_cap).all(), (replicas, placement.replica_cap)
+    else:
+        assert replicas.sum() - np.minimum(replicas, placement.replica_cap).sum() <= placement.overflow
+    if placement.primary_overflow == 0:
+        assert (primaries <= placement.primary_cap).all(), (primaries, placement.primary_cap)
+    # The cap formula, max(ceil(share), floor(share * (1 + slack))) per unit: spread has one unit; collocating sums
+    # one cap per group, each at most share * (1 + slack) + 1.
+    share, pshare = placement.replica_share, placement.primary_share
+    if spread:
+        assert (placement.replica_cap == np.maximum(np.ceil(share), np.floor(share * 1.05))).all()
+        assert (placement.primary_cap == np.maximum(np.ceil(pshare), np.floor(pshare * 1.10))).all()
+    else:
+        assert (placement.replica_cap <= share * 1.05 + len(groups)).all()
+        assert (placement.primary_cap <= pshare * 1.10 + len(groups)).all()
+
+
+@given(nodes=clusters(min_nodes=2, max_nodes=16), partitions=st.integers(1, 200), backups=st.integers(0, 3))
+def test_single_group_without_rules_never_overflows_when_caps_allow(
+    nodes: NodeSet, partitions: int, backups: int
+) -> None:
+    """The proved case (docs/AFFINITY.md): no rules and the caps without the r - 1 largest still hold T."""
+    g = BalancedGroup("g", partitions, backups)
+    placement = place_balanced([g], nodes, spread=False)
+    r = min(backups + 1, len(nodes))
+    caps = np.sort(placement.replica_cap)
+    if caps[: len(caps) - (r - 1)].sum() >= partitions * r:
+        assert placement.overflow == 0
+        replicas, _ = loads(placement, [g], len(nodes))
+        assert (replicas <= placement.replica_cap).all()
+    if np.minimum(placement.primary_cap, placement.replica_cap).sum() >= partitions:
+        assert placement.primary_overflow == 0
+
+
+def test_evenness_targets_on_a_large_cluster() -> None:
+    """40 nodes, 16 groups x 256 partitions, 2 backups, spread: replicas within 5 %, primaries within 10 %."""
+    nodes = NodeSet.of([f"node{i}" for i in range(40)])
+    groups = [BalancedGroup(f"group{i}", 256, 2) for i in range(16)]
+    placement = place_balanced(groups, nodes, spread=True)
+    replicas, primaries = loads(placement, groups, 40)
+    assert replicas.max() / replicas.mean() <= 1.05
+    assert primaries.max() / primaries.mean() <= 1.10
+    assert replicas.min() > 0
+    assert placement.overflow == placement.primary_overflow == 0
+
+
+# ---- movement --------------------------------------------------------------------------------------------------
+def _change(nodes: NodeSet, rng: random.Random, join: bool) -> tuple[NodeSet, str]:
+    ids = list(nodes.node_ids)
+    if join:
+        new = f"joiner{rng.randrange(1000)}"
+        return NodeSet.of(ids + [new], hosts=list(nodes.hosts) + [f"h{rng.randrange(5)}"],
+                          attributes=list(nodes.attributes or [None] * len(ids)) + [{"zone": "z1"}],
+                          capacities=list(nodes.capacities) + [1.0]), new
+    gone = rng.randrange(len(ids))
+    keep = [i for i in range(len(ids)) if i != gone]
+    return NodeSet.of([ids[i] for i in keep], hosts=[nodes.hosts[i] for i in keep],
+                      attributes=[(nodes.attributes or [None] * len(ids))[i] for i in keep],
+                      capacities=[nodes.capacities[i] for i in keep]), ids[gone]
+
+
+@given(nodes=clusters(min_nodes=2), groups=group_lists(), spread=st.booleans(), join=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_copies_move_between_staying_nodes_only_in_partitions_turned_away(
+    nodes: NodeSet, groups: list[BalancedGroup], spread: bool, join: bool, seed: int
+) -> None:
+    """After one failure or join, a partition never turned away (before nor after) moves exactly the copies
+    rendezvous moves: with no neighbour/filter rules only the failed node's copy, or copies to the joiner."""
+    after_nodes, changed = _change(nodes, random.Random(seed), join)
+    before = place_balanced(groups, nodes, spread=spread)
+    after = place_balanced(groups, after_nodes, spread=spread)
+    for g in groups:
+        old = by_id(before.matrices[g.name], nodes)
+        new = by_id(after.matrices[g.name], after_nodes)
+        plain_old = by_id(rendezvous_rows(g, nodes, spread), nodes)
+        plain_new = by_id(rendezvous_rows(g, after_nodes, spread), after_nodes)
+        for p in range(g.partitions):
+            if before.turned_away[g.name][p] or after.turned_away[g.name][p]:
+                continue
+            created = set(new[p]) - set(old[p])
+            assert created == set(plain_new[p]) - set(plain_old[p])
+            if not g.exclude_neighbors and not g.backup_filter:
+                # unconstrained: the joiner's copy, or one copy replacing the failed node's (if lists keep their length)
+                replaced = changed in old[p] and len(new[p]) == len(old[p])
+                assert created <= {changed} if join else len(created) == int(replaced)
+
+
+def test_movement_bounds_on_a_large_cluster() -> None:
+    """40 nodes, 16 x 256, 2 backups, spread: a failure moves <= 5 % more copies than the failed node held,
+    a join <= 10 % more than the joiner's fair share."""
+    ids = [f"node{i}" for i in range(40)]
+    groups = [BalancedGroup(f"group{i}", 256, 2) for i in range(16)]
+    full = place_balanced(groups, NodeSet.of(ids), spread=True)
+    failed = NodeSet.of([i for i in ids if i != "node20"])
+    after = place_balanced(groups, failed, spread=True)
+    held = sum(int((full.matrices[g.name] == 20).sum()) for g in groups)
+    moved = sum(moved_copies(by_id(full.matrices[g.name], NodeSet.of(ids)),
+                             by_id(after.matrices[g.name], failed))[0] for g in groups)
+    assert moved <= 1.05 * held, (moved, held)
+    joined = NodeSet.of(ids + ["node40"])
+    grown = place_balanced(groups, joined, spread=True)
+    fair = 16 * 256 * 3 / 41
+    moved = sum(moved_copies(by_id(full.matrices[g.name], NodeSet.of(ids)),
+                             by_id(grown.matrices[g.name], joined))[0] for g in groups)
+    assert moved <= 1.10 * fair, (moved, fair)
+
+
+# ---- determinism and collocation -------------------------------------------------------------------------------
+@given(nodes=clusters(), groups=group_lists(), spread=st.booleans(), seed=st.integers(0, 2**16))
+def test_independent_of_node_and_group_order(
+    nodes: NodeSet, groups: list[BalancedGroup], spread: bool, seed: int
+) -> None:
+    rng = random.Random(seed)
+    order = list(range(len(nodes)))
+    rng.shuffle(order)
+    shuffled = NodeSet.of([nodes.node_ids[i] for i in order], hosts=[nodes.hosts[i] for i in order],
+                          attributes=[(nodes.attributes or [None] * len(nodes))[i] for i in order],
+                          capacities=[nodes.capacities[i] for i in order])
+    regrouped = list(groups)
+    rng.shuffle(regrouped)
+    a = assign_balanced(groups, nodes, spread=spread)
+    b = assign_balanced(regrouped, shuffled, spread=spread)
+    for g in groups:
+        assert by_id(a[g.name], nodes) == by_id(b[g.name], shuffled)
+
+
+@given(nodes=clusters(), partitions=st.integers(1, 64), backups=st.integers(0, 2))
+def test_collocate_gives_equal_groups_one_placement(nodes: NodeSet, partitions: int, backups: int) -> None:
+    groups = [BalancedGroup(name, partitions, backups) for name in ("orders", "payments", "users")]
+    other = BalancedGroup("other", partitions + 1, backups)
+    matrices = assign_balanced(groups + [other], nodes, spread=False)
+    assert np.array_equal(matrices["orders"], matrices["payments"])
+    assert np.array_equal(matrices["orders"], matrices["users"])
+
+
+def test_spread_places_equal_groups_independently() -> None:
+    nodes = NodeSet.of([f"node{i}" for i in range(10)])
+    groups = [BalancedGroup(f"group{i}", 64, 1) for i in range(2)]
+    matrices = assign_balanced(groups, nodes, spread=True)
+    assert not np.array_equal(matrices["group0"], matrices["group1"])
+
+
+# ---- constraints -----------------------------------------------------------------------------------------------
+@given(nodes=clusters(), groups=group_lists(), spread=st.booleans())
+def test_backup_filter_is_hard_and_lists_are_as_long_as_rendezvous(
+    nodes: NodeSet, groups: list[BalancedGroup], spread: bool
+) -> None:
+    placement = place_balanced(groups, nodes, spread=spread)
+    for g in groups:
+        mine = placement.matrices[g.name]
+        plain = rendezvous_rows(g, nodes, spread)
+        assert ((mine >= 0).sum(axis=1) == (plain >= 0).sum(axis=1)).all()
+        for row in mine.tolist():
+            real = [i for i in row if i >= 0]
+            assert len(set(real)) == len(real)
+            if g.backup_filter and not g.replicated:
+                tuples = [nodes.attribute_tuple(i, g.backup_filter) for i in real]
+                assert len(set(tuples)) == len(tuples)
+
+
+@given(nodes=clusters(min_nodes=2), partitions=st.integers(1, 48), backups=st.integers(1, 3))
+def test_neighbours_share_a_partition_only_when_every_other_host_is_full(
+    nodes: NodeSet, partitions: int, backups: int
+) -> None:
+    g = BalancedGroup("g", partitions, backups, exclude_neighbors=True)
+    placement = place_balanced([g], nodes, spread=False)
+    replicas, _ = loads(placement, [g], len(nodes))
+    for row in placement.matrices["g"].tolist():
+        hosts = [nodes.hosts[i] for i in row]
+        if len(set(hosts)) == len(hosts):
+            continue
+        free = [i for i in range(len(nodes)) if nodes.hosts[i] not in hosts]
+        assert all(replicas[i] >= placement.replica_cap[i] for i in free), (row, free)
+
+
+# ---- capacities, modes, edges ----------------------------------------------------------------------------------
+def test_capacity_weighted_shares_and_water_filling() -> None:
+    nodes = NodeSet.of(["big", "small1", "small2"], capacities=[10.0, 1.0, 1.0])
+    placement = place_balanced([BalancedGroup("g", 100, 1)], nodes, spread=False)
+    # "big" cannot hold two replicas of one partition: it takes 100, the others share the other 100.
+    assert placement.replica_share.tolist() == [100.0, 50.0, 50.0]
+    assert placement.replica_cap.tolist() == [105, 52, 52]
+    replicas, _ = loads(placement, [BalancedGroup("g", 100, 1)], 3)
+    assert (replicas <= placement.replica_cap).all() and replicas.sum() == 200
+
+
+def test_filter_classes_are_water_filled() -> None:
+    zones = ["a", "a", "a", "a", "b"]
+    nodes = NodeSet.of([f"n{i}" for i in range(5)], attributes=[{"zone": z} for z in zones])
+    g = BalancedGroup("g", 40, 1, backup_filter=("zone",))
+    placement = place_balanced([g], nodes, spread=False)
+    # one replica per zone: the lone node of zone b holds every partition, the four of zone a 10 each
+    assert placement.replica_share.tolist() == [10.0, 10.0, 10.0, 10.0, 40.0]
+    replicas, _ = loads(placement, [g], 5)
+    assert replicas.tolist() == [10, 10, 10, 10, 40]
+
+
+def test_zero_capacity_node_holds_nothing_when_others_can() -> None:
+    nodes = NodeSet.of([f"n{i}" for i in range(6)], capacities=[1.0, 1.0, 1.0, 1.0, 1.0, 0.0])
+    g = BalancedGroup("g", 50, 1)
+    replicas, primaries = loads(place_balanced([g], nodes, spread=False), [g], 6)
+    assert replicas[5] == 0 and primaries[5] == 0
+
+
+@given(nodes=clusters(), partitions=st.integers(1, 40))
+def test_replicated_lists_every_node_and_balances_primaries(nodes: NodeSet, partitions: int) -> None:
+    g = BalancedGroup("r", partitions, 0, mode="REPLICATED")
+    placement = place_balanced([g], nodes, spread=False)
+    m = placement.matrices["r"]
+    assert m.shape == (partitions, len(nodes))
+    assert (np.sort(m, axis=1) == np.arange(len(nodes))).all()
+    if placement.primary_overflow == 0:
+        assert (np.bincount(m[:, 0], minlength=len(nodes)) <= placement.primary_cap).all()
+
+
+def test_edges() -> None:
+    assert assign_balanced([BalancedGroup("g", 3, 1)], NodeSet.of([]), spread=True)["g"].shape == (3, 0)
+    assert assign_balanced([BalancedGroup("g", 0, 1)], NodeSet.of(["a"]), spread=False)["g"].shape == (0, 1)
+    assert assign_balanced([BalancedGroup("g", 4, 2)], NodeSet.of(["a"]), spread=False)["g"].tolist() == [[0]] * 4
+    with pytest.raises(InvalidBalancedGroupError, match="repeated: g"):
+        assign_balanced([BalancedGroup("g", 1, 0), BalancedGroup("g", 2, 0)], NodeSet.of(["a"]), spread=True)
+    with pytest.raises(InvalidBalancedGroupError, match="mode"):
+        BalancedGroup("g", 1, 0, mode="SHARDED")
+    with pytest.raises(InvalidBalancedGroupError, match="backups"):
+        BalancedGroup("g", 1, -1)
+    assert math.isclose(float(place_balanced([BalancedGroup("g", 7, 1)], NodeSet.of(["a", "b", "c"]),
+                                              spread=False).replica_share.sum()), 14.0)
+
+
+# 5 nodes node0..node4, one group of 12 partitions, 1 backup, collocated: caps 5 replicas / 3 primaries per node;
+# partitions 3 of 12 were turned away (their rendezvous lists differ).
+GOLDEN_COLLOCATED = [
+    ["node3", "node0"], ["node3", "node4"], ["node4", "node0"], ["node1", "node2"], ["node2", "node4"],
+    ["node3", "node2"], ["node2", "node0"], ["node1", "node0"], ["node4", "node2"], ["node1", "node3"],
+    ["node0", "node1"], ["node4", "node3"],
+]
+# The same nodes, groups group0 and group1 of 6 partitions, 1 backup, spread.
+GOLDEN_SPREAD_0 = [
+    ["node1", "node3"], ["node0", "node4"], ["node1", "node0"], ["node4", "node1"], ["node4", "node2"],
+    ["node3", "node0"],
+]
+GOLDEN_SPREAD_1 = [
+    ["node2", "node3"], ["node1", "node4"], ["node3", "node2"], ["node4", "node0"], ["node2", "node0"],
+    ["node3", "node2"],
+]
+# Capacities a 1.0, b 2.0, c 1.0, d 0.5; 9 partitions, 1 backup: shares 4 / 8 / 4 / 2.
+GOLDEN_WEIGHTED = [
+    ["b", "d"], ["b", "a"], ["b", "c"], ["a", "b"], ["c", "b"], ["b", "c"], ["d", "b"], ["c", "a"], ["a", "b"],
+]
