@@ -15,7 +15,8 @@ Contract:
   ``primary_cap`` primaries, where cap = max(ceil(share), floor(share * (1 + slack))) with slack 0.05 for replicas
   and 0.10 for primaries, share = the node's capacity-weighted fair share (water-filled where a node or a backup
   filter class cannot take more than one replica of a partition). The only exceptions are the *overflow*
-  placements counted in :class:`BalancedPlacement` (a partition whose every admissible node is full).
+  placements counted in :class:`BalancedPlacement`: a partition whose every admissible node is full, after a
+  repair step failed to free one by moving another partition's backup to a node with room.
 - Movement: a partition that no full node turned away gets exactly its rendezvous replica set, so after a change
   a copy moves between two nodes that both stay only in partitions turned away before or after the change.
 - Constraints as rendezvous: ``exclude_neighbors`` (soft: filled ignoring hosts when short) and
@@ -331,7 +332,7 @@ class _Ranking:
 # ---------------------------------------------------------------------------------------------------------------
 # The level walk
 # ---------------------------------------------------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
 class _Unit:
     """Rows placed together: one collocation class, or every group when spread."""
 
@@ -421,6 +422,57 @@ def _classes_count(cls: npt.NDArray[np.int32]) -> int:
     return int(np.unique(cls).size)
 
 
+def _repair(
+    walk: _Walk,
+    short: npt.NDArray[np.intp],
+    rules: list[tuple[tuple[npt.NDArray[np.int32], ...], npt.NDArray[np.int32] | None]],
+    rule_of: npt.NDArray[np.int64],
+    cap: npt.NDArray[np.int64],
+) -> None:
+    """Fill rows that every admissible column turned away by moving another row's backup (docs step 7, repair).
+
+    For each short row p in row order, while it is short: for each full column c in p's ranking order that p may
+    take (filter rule), for each row q != p holding c as a backup, in row order: the first column d in q's ranking
+    order with room that q does not hold and may take instead of c (under q's pass-A rules: hosts if
+    exclude_neighbors, filter) receives q's copy (in the same list position) and p takes c. Without such a
+    (c, q, d), p is left to the overflow rounds. ``rules[rule_of[row]]`` = (the row's pass-A class arrays, its
+    filter classes or None).
+    """
+    acc, ranking = walk.acc, walk.ranking
+    for p in short.tolist():
+        fp = rules[rule_of[p]][1]
+        order, keys = ranking.full(np.array([p]))
+        for c, key in zip(order[0].tolist(), keys[0].tolist(), strict=True):
+            if walk.count[p] >= walk.need[p]:
+                break
+            held = acc[p, : walk.count[p]]
+            if c in held or walk.load[c] < cap[c] or (fp is not None and fp[c] in fp[held]):
+                continue
+            qs = np.flatnonzero((acc[:, 1:] == c).any(axis=1))
+            qs = qs[qs != p]
+            if qs.size == 0:
+                continue
+            q_order, q_keys = ranking.full(qs)
+            q_held = acc[qs]
+            ok = (walk.load[q_order] < cap[q_order]) & ~(q_order[:, :, None] == q_held[:, None, :]).any(axis=2)
+            for i in np.flatnonzero(ok.any(axis=1)).tolist():  # q's own rules (pass A's): q never gets worse
+                others = q_held[i][(q_held[i] >= 0) & (q_held[i] != c)]
+                for cls in rules[rule_of[qs[i]]][0]:
+                    ok[i] &= ~np.isin(cls[q_order[i]], cls[others])
+            movable = np.flatnonzero(ok.any(axis=1))
+            if movable.size == 0:
+                continue
+            i = int(movable[0])
+            j = int(np.argmax(ok[i]))
+            q, d = int(qs[i]), int(q_order[i, j])
+            slot = int(np.flatnonzero(acc[q] == c)[0])
+            acc[q, slot], walk.acc_key[q, slot] = d, q_keys[i, j]
+            walk.load[d] += 1
+            acc[p, walk.count[p]], walk.acc_key[p, walk.count[p]] = c, key
+            walk.count[p] += 1
+            walk.turned[[p, q]] = True
+
+
 @dataclass(frozen=True)
 class _UnitResult:
     """One unit's matrices (NodeSet indexes), per-column shares and caps, and counters."""
@@ -477,7 +529,7 @@ def _primaries(
     return prim, pkey, turned, late
 
 
-def _place_unit(unit: _Unit, nodes: NodeSet, cols: _Columns) -> _UnitResult:
+def _place_unit(unit: _Unit, nodes: NodeSet, cols: _Columns, slack: tuple[float, float]) -> _UnitResult:
     """Place one unit (docs/AFFINITY.md, "balanced-v1", steps 3 to 6)."""
     n = cols.perm.size
     part_groups = [(g, o) for g, o in zip(unit.groups, unit.offsets, strict=True) if not g.replicated]
@@ -497,13 +549,14 @@ def _place_unit(unit: _Unit, nodes: NodeSet, cols: _Columns) -> _UnitResult:
                 memo[key] = _replica_share(g.partitions, g.backups, g.backup_filter, nodes, cols)
             share += memo[key]
         pshare += _primary_share(g.partitions, cols)
-    cap, pcap = _cap(share, REPLICA_SLACK), _cap(pshare, PRIMARY_SLACK)
+    cap, pcap = _cap(share, slack[0]), _cap(pshare, slack[1])
 
     # ---- per-row goals and rules
     need = np.zeros(rows, dtype=np.int64)
     goal_a = np.zeros(rows, dtype=np.int64)
     rules_a: list[tuple[npt.NDArray[np.intp], tuple[npt.NDArray[np.int32], ...]]] = []
     rules_b: list[tuple[npt.NDArray[np.intp], tuple[npt.NDArray[np.int32], ...]]] = []
+    filters: list[tuple[npt.NDArray[np.intp], npt.NDArray[np.int32] | None]] = []
     fill_rows: list[npt.NDArray[np.intp]] = []
     for g, o in part_groups:
         members = np.arange(o, o + g.partitions)
@@ -521,6 +574,7 @@ def _place_unit(unit: _Unit, nodes: NodeSet, cols: _Columns) -> _UnitResult:
             classes_a += (fcls,)
         rules_a.append((members, classes_a))
         rules_b.append((members, () if fcls is None else (fcls,)))
+        filters.append((members, fcls))
     part_rows = np.flatnonzero(need > 0)
     repl_rows = [np.arange(o, o + g.partitions) for g, o in repl_groups]
     repl = np.concatenate(repl_rows) if repl_rows else np.zeros(0, dtype=np.intp)
@@ -540,6 +594,14 @@ def _place_unit(unit: _Unit, nodes: NodeSet, cols: _Columns) -> _UnitResult:
     walk.run(part_rows, goal_a, rules_a, cap)
     if fill_rows:
         walk.run(np.concatenate(fill_rows), need, rules_b, cap)
+    # Repair: a row still short takes a full column from a row that can move that backup to a column with room.
+    short = part_rows[walk.count[part_rows] < need[part_rows]]
+    if short.size:
+        rule_of = np.full(rows, -1, dtype=np.int64)
+        for i, (members, _) in enumerate(rules_a):
+            rule_of[members] = i
+        _repair(walk, short, [(a[1], f[1]) for a, f in zip(rules_a, filters, strict=True)], rule_of, cap)
+    # Overflow rounds: rows still short walk again (hosts ignored) with every cap raised by 1, 2, ...
     before = int(walk.count.sum())
     extra = 0
     while (short := part_rows[walk.count[part_rows] < need[part_rows]]).size:
@@ -592,7 +654,14 @@ def _units(groups: Sequence[BalancedGroup], spread: bool) -> list[tuple[_Unit, l
     return units
 
 
-def place_balanced(groups: Iterable[BalancedGroup], nodes: NodeSet, *, spread: bool) -> BalancedPlacement:
+def place_balanced(
+    groups: Iterable[BalancedGroup],
+    nodes: NodeSet,
+    *,
+    spread: bool,
+    replica_slack: float = REPLICA_SLACK,
+    primary_slack: float = PRIMARY_SLACK,
+) -> BalancedPlacement:
     """The balanced-v1 placement of ``groups`` on ``nodes``, with its shares, caps and counters.
 
     Args:
@@ -601,6 +670,9 @@ def place_balanced(groups: Iterable[BalancedGroup], nodes: NodeSet, *, spread: b
         spread: True = balance all groups together, each group salted by its name; False = collocate groups with
             equal (partitions, backups, mode, exclude_neighbors, backup_filter) as Ignite does, and balance each
             such class on its own.
+        replica_slack: caps are max(ceil(share), floor(share * (1 + slack))); larger slack = fewer full nodes,
+            hence fewer partitions turned away and fewer copies moved on a change (docs/AFFINITY.md).
+        primary_slack: the same for primaries.
 
     Returns:
         The placement; ``matrices[name]`` is ``int32`` partitions x replicas, replicas = min(backups + 1, nodes)
@@ -609,7 +681,10 @@ def place_balanced(groups: Iterable[BalancedGroup], nodes: NodeSet, *, spread: b
 
     Raises:
         InvalidBalancedGroupError: two groups share a name.
+        ValueError: a negative slack.
     """
+    if replica_slack < 0 or primary_slack < 0:
+        raise ValueError(f"slacks must be >= 0, got {replica_slack} and {primary_slack}")
     groups = list(groups)
     names = [g.name for g in groups]
     if len(set(names)) != len(names):
@@ -627,7 +702,7 @@ def place_balanced(groups: Iterable[BalancedGroup], nodes: NodeSet, *, spread: b
     turned: dict[str, npt.NDArray[np.bool_]] = {}
     over = pover = 0
     for unit, receivers in _units(groups, spread):
-        res = _place_unit(unit, nodes, cols)
+        res = _place_unit(unit, nodes, cols, (replica_slack, primary_slack))
         for g in receivers:
             source = g.name if g.name in res.matrices else unit.groups[0].name
             matrices[g.name] = res.matrices[source].copy()
