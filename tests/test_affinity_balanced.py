@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import mmh3
 import numpy as np
@@ -101,6 +101,199 @@ def group_lists(draw: st.DrawFn, rules: bool = True, replicated: bool = True) ->
             )
         )
     return groups
+
+
+# ---- scalar reference: docs/AFFINITY.md "balanced-v1", step by step, one partition at a time -----------------
+def reference_place(groups: Sequence[BalancedGroup], nodes: NodeSet, spread: bool) -> dict[str, list[list[str]]]:
+    """The documented algorithm transcribed literally (plain Python floats, dicts and sorts; no NumPy kernels)."""
+    out: dict[str, list[list[str]]] = {}
+    ordered = sorted(groups, key=lambda g: g.name)
+    if spread:
+        units = [(ordered, ordered)]
+    else:
+        classes: dict[tuple[object, ...], list[BalancedGroup]] = {}
+        for g in ordered:
+            classes.setdefault(g.collocation_key, []).append(g)
+        units = [([m[0]], m) for m in classes.values()]
+    for unit, receivers in units:
+        placed = reference_unit(unit, nodes, spread)
+        for g in receivers:
+            out[g.name] = placed[g.name if spread else unit[0].name]
+    return out
+
+
+def reference_unit(unit: list[BalancedGroup], nodes: NodeSet, spread: bool) -> dict[str, list[list[str]]]:
+    """One unit of :func:`reference_place` (its groups share caps; lists by group name)."""
+    order = sorted(range(len(nodes)), key=lambda i: nodes.node_ids[i])
+    n = len(order)
+    ids = [nodes.node_ids[i] for i in order]
+    caps = [nodes.capacities[i] for i in order]
+    hosts = [nodes.hosts[i] for i in order]
+    uniform = all(c == 1.0 for c in caps)
+    seeds = [mmh3.hash(i.encode("utf-8"), 0, signed=False) for i in ids]
+    rows = [(g, p) for g in unit for p in range(g.partitions)]
+    rank, key = [], []
+    for g, p in rows:
+        h = mmh3.hash(p.to_bytes(4, "little"), group_seed(g.name), signed=False) if spread else p
+        w = [mmh3.hash(h.to_bytes(4, "little"), s, signed=False) for s in seeds]
+        k = [0xFFFFFFFF - x if uniform else c / math.log((x + 0.5) * 2.0**-32) for x, c in zip(w, caps, strict=True)]
+        rank.append(sorted(range(n), key=lambda j, k=k: (k[j], j)))
+        key.append(k)
+
+    def fclasses(g: BalancedGroup) -> list[tuple[str | None, ...]] | None:
+        return [nodes.attribute_tuple(i, g.backup_filter) for i in order] if g.backup_filter else None
+
+    share, pshare = [0.0] * n, [0.0] * n
+    total_cap = 0.0
+    for c in caps:
+        total_cap += c
+    for g in unit:
+        if not g.replicated:
+            fc = fclasses(g)
+            labels = fc if fc is not None else list(range(n))
+            cls_order = list(dict.fromkeys(labels))
+            weight = {lab: 0.0 for lab in cls_order}
+            for j in range(n):
+                weight[labels[j]] += caps[j]
+            k_cls = len(cls_order)
+            t = float(g.partitions * min(g.backups + 1, n, k_cls))
+            lim = float(g.partitions)
+            by = sorted(range(k_cls), key=lambda i: (-weight[cls_order[i]], i))
+            wts = [weight[cls_order[i]] for i in by]
+            alloc = {}
+            for i in range(k_cls):
+                rest = 0.0
+                for x in reversed(wts[i:]):
+                    rest += x
+                remaining = t - i * lim
+                if rest == 0.0 or remaining * wts[i] <= lim * rest:
+                    for pos in range(i, k_cls):
+                        alloc[cls_order[by[pos]]] = (remaining / (k_cls - i) if rest == 0.0
+                                                     else remaining * wts[pos] / rest)
+                    break
+                alloc[cls_order[by[i]]] = lim
+            size = {lab: labels.count(lab) for lab in cls_order}
+            for j in range(n):
+                lab = labels[j]
+                share[j] += alloc[lab] * caps[j] / weight[lab] if weight[lab] > 0.0 else alloc[lab] / size[lab]
+        for j in range(n):
+            pshare[j] += g.partitions * caps[j] / total_cap if total_cap > 0.0 else g.partitions / n
+    cap = [max(math.ceil(x), math.floor(x * (1 + 0.05))) for x in share]
+    pcap = [max(math.ceil(x), math.floor(x * (1 + 0.10))) for x in pshare]
+    load, pload = [0] * n, [0] * n
+    lists: list[list[int]] = [[] for _ in rows]
+    prim: list[int | None] = [None] * len(rows)
+
+    def walk(members: list[int], goal: Callable[[int], int], ok: Callable[[int, int], bool],
+             spare: Callable[[int], int], take: Callable[[int, int], None]) -> None:
+        for level in range(n):
+            active = [r for r in members if goal(r) > 0]
+            if not active:
+                return
+            room = [spare(c) for c in range(n)]
+            bids: dict[int, list[tuple[float, int]]] = {}
+            for r in active:
+                c = rank[r][level]
+                if ok(r, c):
+                    bids.setdefault(c, []).append((key[r][c], r))
+            for c, b in bids.items():
+                for _, r in sorted(b)[: max(room[c], 0)]:
+                    take(r, c)
+
+    part = [r for r, (g, _) in enumerate(rows) if not g.replicated]
+    repl = [r for r, (g, _) in enumerate(rows) if g.replicated]
+
+    def give_primary(r: int, c: int, counts_replica: bool) -> None:
+        prim[r] = c
+        pload[c] += 1
+        if counts_replica:
+            lists[r].append(c)
+            load[c] += 1
+
+    for members, both in ((part, True), (repl, False)):
+        t = 0
+        while any(prim[r] is None for r in members):
+            walk(members, lambda r: int(prim[r] is None), lambda r, c: True,
+                 lambda c, t=t, both=both: min(pcap[c] + t - pload[c], cap[c] + t - load[c]) if both
+                 else pcap[c] + t - pload[c],
+                 lambda r, c, both=both: give_primary(r, c, both))
+            t += 1
+
+    def need(r: int) -> int:
+        g = rows[r][0]
+        fc = fclasses(g)
+        return min(g.backups + 1, n, len(set(fc)) if fc is not None else n)
+
+    def admissible(r: int, c: int, use_hosts: bool) -> bool:
+        g = rows[r][0]
+        if c in lists[r]:
+            return False
+        if use_hosts and g.exclude_neighbors and hosts[c] in [hosts[x] for x in lists[r]]:
+            return False
+        fc = fclasses(g)
+        return fc is None or fc[c] not in [fc[x] for x in lists[r]]
+
+    def add(r: int, c: int) -> None:
+        lists[r].append(c)
+        load[c] += 1
+
+    def goal_a(r: int) -> int:
+        g = rows[r][0]
+        want = min(need(r), len(set(hosts))) if g.exclude_neighbors else need(r)
+        return want - len(lists[r])
+
+    walk(part, goal_a, lambda r, c: admissible(r, c, True), lambda c: cap[c] - load[c], add)
+    fill = [r for r in part if rows[r][0].exclude_neighbors]
+    walk(fill, lambda r: need(r) - len(lists[r]), lambda r, c: admissible(r, c, False),
+         lambda c: cap[c] - load[c], add)
+    for p_ in [r for r in part if len(lists[r]) < need(r)]:
+        for c in rank[p_]:
+            if len(lists[p_]) >= need(p_):
+                break
+            if load[c] < cap[c] or not admissible(p_, c, False):
+                continue
+            moved = False
+            for q in part:
+                if q == p_ or c not in lists[q][1:]:
+                    continue
+                for d in rank[q]:
+                    if load[d] >= cap[d] or d in lists[q]:
+                        continue
+                    others = [x for x in lists[q] if x != c]
+                    g = rows[q][0]
+                    if g.exclude_neighbors and hosts[d] in [hosts[x] for x in others]:
+                        continue
+                    fc = fclasses(g)
+                    if fc is not None and fc[d] in [fc[x] for x in others]:
+                        continue
+                    lists[q][lists[q].index(c)] = d
+                    load[d] += 1
+                    lists[p_].append(c)
+                    moved = True
+                    break
+                if moved:
+                    break
+    t = 1
+    while any(len(lists[r]) < need(r) for r in part):
+        short = [r for r in part if len(lists[r]) < need(r)]
+        walk(short, lambda r: need(r) - len(lists[r]), lambda r, c: admissible(r, c, False),
+             lambda c, t=t: cap[c] + t - load[c], add)
+        t += 1
+    out: dict[str, list[list[str]]] = {}
+    for g in unit:
+        first = rows.index((g, 0)) if g.partitions else 0
+        lists_of = ([prim[r]] + [c for c in rank[r] if c != prim[r]] if g.replicated else lists[r]
+                    for r in range(first, first + g.partitions))
+        out[g.name] = [[ids[c] for c in cols] for cols in lists_of]
+    return out
+
+
+@given(nodes=clusters(max_nodes=8), groups=group_lists(), spread=st.booleans())
+def test_kernel_equals_the_documented_algorithm(nodes: NodeSet, groups: list[BalancedGroup], spread: bool) -> None:
+    expected = reference_place(groups, nodes, spread)
+    matrices = assign_balanced(groups, nodes, spread=spread)
+    for g in groups:
+        assert by_id(matrices[g.name], nodes) == expected[g.name], g
 
 
 # ---- golden vectors: other clients check themselves against these ---------------------------------------------
