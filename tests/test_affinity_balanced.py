@@ -85,19 +85,19 @@ def clusters(draw: st.DrawFn, min_nodes: int = 1, max_nodes: int = 12) -> NodeSe
 
 
 @st.composite
-def group_lists(draw: st.DrawFn, rules: bool = True, replicated: bool = True) -> list[BalancedGroup]:
+def group_lists(draw: st.DrawFn) -> list[BalancedGroup]:
     count = draw(st.integers(1, 4))
     groups = []
     for i in range(count):
-        mode = draw(st.sampled_from(["PARTITIONED"] * 5 + (["REPLICATED"] if replicated else [])))
+        mode = draw(st.sampled_from(["PARTITIONED"] * 5 + ["REPLICATED"]))
         groups.append(
             BalancedGroup(
                 name=f"group{i}",
                 partitions=draw(st.integers(1, 48)),
                 backups=draw(st.integers(0, 3)),
                 mode=mode,
-                exclude_neighbors=rules and draw(st.booleans()),
-                backup_filter=("zone",) if rules and draw(st.booleans()) else (),
+                exclude_neighbors=draw(st.booleans()),
+                backup_filter=("zone",) if draw(st.booleans()) else (),
             )
         )
     return groups
