@@ -41,6 +41,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +151,7 @@ def measure(s: Scenario, runs: int) -> list[dict[str, Any]]:
     failed_id = f"node{s.nodes // 2}"
     failed = node_set([i for i in ids if i != failed_id])
     joined = node_set(ids + [f"node{s.nodes}"])
-    seconds = timed({a: (lambda a=a: place(a, s, base)) for a in AFFINITIES}, runs)
+    seconds = timed({a: partial(place, a, s, base) for a in AFFINITIES}, runs)
     rows = []
     for affinity in AFFINITIES:
         before = place(affinity, s, base)
@@ -238,9 +239,9 @@ def main() -> None:
     parser.add_argument("--from-results", type=Path, help="print the table and draw the plot of a results file")
     args = parser.parse_args()
     if args.from_results:
-        rows = json.loads(args.from_results.read_text())["rows"]
-        print(table(rows))
-        plot(rows, args.image)
+        saved = json.loads(args.from_results.read_text())["rows"]
+        print(table(saved))
+        plot(saved, args.image)
         return
     wanted = set(args.only.split(",")) if args.only else {s.name for s in SCENARIOS}
     rows: list[dict[str, Any]] = []

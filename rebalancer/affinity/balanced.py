@@ -230,7 +230,7 @@ def _replica_share(
     rank = np.argsort(np.argsort(first, kind="stable"), kind="stable")
     dense = rank[dense]
     k = first.size
-    weights = np.bincount(dense, weights=caps, minlength=k)  # sequential per class, in column order
+    weights = np.asarray(np.bincount(dense, weights=caps, minlength=k), dtype=np.float64)  # sequential, column order
     size = np.bincount(dense, minlength=k)
     total = float(partitions * min(backups + 1, n, k))
     alloc = _water_fill(weights, total, float(partitions))
