@@ -96,7 +96,20 @@ public final class IgniteHarness {
             for (JsonNode step : script.path("steps")) {
                 ObjectNode dump = dumps.addObject();
                 dump.set("step", step);
-                harness.run(step, dump);
+                try {
+                    harness.run(step, dump);
+                }
+                catch (Exception e) {
+                    if (!step.path("expect_failure").asBoolean(false)) {
+                        throw e;
+                    }
+                    Throwable root = e;
+                    while (root.getCause() != null) {
+                        root = root.getCause();
+                    }
+                    dump.put("error", root.getMessage());
+                    harness.running.remove(step.path("node").asText());
+                }
                 harness.settle();
                 harness.dump(dump);
             }
@@ -117,8 +130,8 @@ public final class IgniteHarness {
         switch (op) {
             case "start": startNode(name, false); break;
             case "client": startNode(name, true); break;
-            case "stop": Ignition.stop(name, false); running.remove(name); break;
-            case "kill": kill(name); break;
+            case "stop": Ignition.stop(name, false); running.remove(name); forgetIfDown(); break;
+            case "kill": kill(name); forgetIfDown(); break;
             case "start_cache": startCache(step.path("cache").asText()); break;
             case "stop_cache":
                 coordinator().destroyCache(step.path("cache").asText());
@@ -138,7 +151,8 @@ public final class IgniteHarness {
         JsonNode spec = script.path("nodes").path(name);
         IgniteConfiguration cfg = new IgniteConfiguration()
             .setIgniteInstanceName(name)
-            .setConsistentId(name)
+            // A persistent Ignite node generates a java.util.UUID consistent id; a configured one is usually a String.
+            .setConsistentId(spec.path("uuid_consistent_id").asBoolean(false) ? UUID.fromString(name) : name)
             .setClientMode(client)
             .setLocalHost("127.0.0.1")
             .setGridLogger(new JavaLogger())
@@ -208,6 +222,20 @@ public final class IgniteHarness {
         disco.setCustomEventListener(org.apache.ignite.internal.processors.cache.DynamicCacheChangeBatch.class,
             (topVer, snd, msg) -> customs.putIfAbsent(topVer.topologyVersion() + "." + topVer.minorTopologyVersion(),
                 JSON.createObjectNode().put("message", "DynamicCacheChangeBatch")));
+    }
+
+    /** When the last server is gone the in-memory cluster is gone: a later start begins a new history. */
+    private void forgetIfDown() {
+        if (servers().isEmpty()) {
+            for (String name : List.copyOf(running.keySet())) {
+                Ignition.stop(name, true);
+            }
+            running.clear();
+            startedCaches.clear();
+            lastAffinity.clear();
+            customs.clear();
+            lastExchange = AffinityTopologyVersion.NONE;
+        }
     }
 
     /** A crash: the node stops answering discovery at once, the others declare it failed (EVT_NODE_FAILED). */
@@ -322,6 +350,9 @@ public final class IgniteHarness {
 
     /** Waits until every node finished the exchanges of the last step and the ready version held for 500 ms. */
     private void settle() throws Exception {
+        if (running.isEmpty()) {
+            return;
+        }
         AffinityTopologyVersion seen = null;
         long stableSince = System.currentTimeMillis();
         long deadline = stableSince + 60_000;
