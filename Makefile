@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-all soak lint bench bench-quick clean
+.PHONY: install demo test test-all interop bench-interop soak lint bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 not found (tried python3.11, python3)"; exit 1; }
@@ -18,15 +18,25 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/rebalancer demo
 
-# Test workers: each runs its own local[2] Spark session. Spark jobs on the suite's tiny frames wait mostly on
+# Test workers: each runs its own local[2] Spark session. `--dist loadgroup` keeps each interop module (one real
+# Ignite or Hazelcast JVM per module) on one worker; every other test is spread as before. Spark jobs on the suite's tiny frames wait mostly on
 # the driver (scheduling, py4j round trips), so three workers on two cores finish much sooner than one.
 TEST_WORKERS ?= 3
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m ""
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m ""
+
+# Real Apache Ignite 2.x and Hazelcast 5.x against rebalancer, slow scenarios included (docs/INTEROP.md; needs java
+# and mvn: the jars come from Maven Central once, into .cache/m2). `make test` runs the fast ones, `test-all` all.
+interop: $(STAMP)
+	$(PY) -m pytest -q -m "" tests/interop --durations=10
+
+# Hazelcast's parallel-migrations benchmark on real Hazelcast at 20,000 partitions, against our planner.
+bench-interop: $(STAMP)
+	$(PY) bench/interop_hazelcast.py
 
 soak: $(STAMP)
 	HYPOTHESIS_PROFILE=soak $(PY) -m pytest -q -m ""

@@ -42,7 +42,8 @@ def missing_tools() -> str | None:
     missing = [tool for tool in ("java", "mvn") if shutil.which(tool) is None]
     if not missing:
         return None
-    return f"interop tests need {' and '.join(missing)} on the PATH to run real Ignite/Hazelcast, and it is missing"
+    names = " and ".join(missing)
+    return f"interop tests skipped: {names} not found on the PATH (real Ignite and Hazelcast need Java 17 and Maven)"
 
 
 def _sources_mtime() -> float:

@@ -14,7 +14,10 @@ from rebalancer.client import partition_of
 from tests.interop import harness
 from tests.interop.hazelcast_compare import benchmark_script, classify, compare, data_layout
 
-pytestmark = pytest.mark.skipif(harness.missing_tools() is not None, reason=str(harness.missing_tools()))
+pytestmark = [
+    pytest.mark.xdist_group("interop-hazelcast"),  # one worker runs the module: its JVM fixtures run once
+    pytest.mark.skipif(harness.missing_tools() is not None, reason=str(harness.missing_tools())),
+]
 
 PARTITIONS = 271  # Hazelcast's default; the 20,000-partition run is bench/interop_hazelcast.py
 

@@ -20,7 +20,10 @@ import pytest
 from rebalancer.client import assign, partition_of
 from tests.interop import harness
 
-pytestmark = pytest.mark.skipif(harness.missing_tools() is not None, reason=str(harness.missing_tools()))
+pytestmark = [
+    pytest.mark.xdist_group("interop-ignite-affinity"),  # one worker runs the module: its JVM fixtures run once
+    pytest.mark.skipif(harness.missing_tools() is not None, reason=str(harness.missing_tools())),
+]
 
 CACHES: dict[str, dict[str, Any]] = {
     "plain": {"partitions": 1024, "backups": 2},

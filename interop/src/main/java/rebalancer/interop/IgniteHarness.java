@@ -2,6 +2,7 @@ package rebalancer.interop;
 
 import java.io.File;
 import java.util.ArrayList;
+import java.util.Collection;
 import java.util.Comparator;
 import java.util.HashMap;
 import java.util.LinkedHashMap;
@@ -426,6 +427,7 @@ public final class IgniteHarness {
         ObjectNode affinity = dump.putObject("affinity");
         ObjectNode partitions = dump.putObject("partitions");
         ObjectNode lost = dump.putObject("lost");
+        ObjectNode probes = dump.putObject("access");
         for (String cache : startedCaches) {
             CacheGroupContext grp = group(crd, cache);
             GridAffinityAssignmentCache aff = grp.affinity();
@@ -445,7 +447,11 @@ public final class IgniteHarness {
             lastAffinity.put(cache, last);
 
             ArrayNode lostRows = lost.putArray(cache);
-            crd.cache(cache).lostPartitions().stream().sorted().forEach(lostRows::add);
+            Collection<Integer> lostParts = crd.cache(cache).lostPartitions();
+            lostParts.stream().sorted().forEach(lostRows::add);
+            if (!lostParts.isEmpty()) {
+                probes.set(cache, probe(crd, cache, lostParts));
+            }
 
             ObjectNode perNode = partitions.putObject(cache);
             for (Ignite ig : servers()) {
@@ -457,6 +463,45 @@ public final class IgniteHarness {
                     r.add(part.id()).add(part.state().name()).add(part.updateCounter()).add(part.fullSize());
                 }
             }
+        }
+    }
+
+    /**
+     * What the loss policy lets a client do: a read and a write of a key in a lost partition and of a key in a
+     * partition that is not lost (each true when the operation succeeded).
+     */
+    private static ObjectNode probe(Ignite ig, String cache, Collection<Integer> lostParts) {
+        org.apache.ignite.cache.affinity.Affinity<Object> aff = ig.affinity(cache);
+        Integer lostKey = null;
+        Integer okKey = null;
+        for (int k = 0; k < 1_000_000 && (lostKey == null || okKey == null); k++) {
+            if (lostParts.contains(aff.partition(k))) {
+                lostKey = lostKey == null ? k : lostKey;
+            }
+            else {
+                okKey = okKey == null ? k : okKey;
+            }
+        }
+        IgniteCache<Object, Object> c = ig.cache(cache);
+        final Integer lostKey0 = lostKey;
+        final Integer okKey0 = okKey;
+        ObjectNode out = JSON.createObjectNode();
+        out.put("lost_read", attempt(() -> c.get(lostKey0)));
+        out.put("lost_write", attempt(() -> c.put(lostKey0, "probe")));
+        if (okKey0 != null) {
+            out.put("other_read", attempt(() -> c.get(okKey0)));
+            out.put("other_write", attempt(() -> c.put(okKey0, "probe")));
+        }
+        return out;
+    }
+
+    private static boolean attempt(Runnable op) {
+        try {
+            op.run();
+            return true;
+        }
+        catch (RuntimeException e) {
+            return false;
         }
     }
 
