@@ -15,7 +15,7 @@ from tests.interop import harness
 from tests.interop.hazelcast_compare import benchmark_script, classify, compare, data_layout
 
 pytestmark = [
-    pytest.mark.xdist_group("interop-hazelcast"),  # one worker runs the module: its JVM fixtures run once
+    pytest.mark.xdist_group("interop-hazelcast"),  # one worker: session fixtures run once
     pytest.mark.skipif(harness.missing_tools() is not None, reason=str(harness.missing_tools())),
 ]
 
@@ -34,7 +34,7 @@ def _keys(rng: random.Random) -> dict[str, list[Any]]:
     return {"string": strings, "int": ints, "long": longs, "uuid": uuids}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def key_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[dict[str, list[Any]], dict[str, list[int]]]]:
     keys = _keys(random.Random(15))
     out = {}
@@ -57,7 +57,7 @@ def test_key_partitions_equal_real_hazelcast(key_runs: dict[int, Any], parts: in
         assert len(mine) >= 1000
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def migration_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     script = benchmark_script(PARTITIONS)
     run = harness.run_hazelcast(script, Path(tmp_path_factory.mktemp("hazelcast-migrations")))

@@ -21,7 +21,7 @@ from rebalancer.client import assign, partition_of
 from tests.interop import harness
 
 pytestmark = [
-    pytest.mark.xdist_group("interop-ignite-affinity"),  # one worker runs the module: its JVM fixtures run once
+    pytest.mark.xdist_group("interop-ignite-affinity"),  # one worker: session fixtures run once
     pytest.mark.skipif(harness.missing_tools() is not None, reason=str(harness.missing_tools())),
 ]
 
@@ -77,7 +77,7 @@ def _script(ids: list[str], uuid_ids: bool, with_keys: bool) -> list[dict[str, A
     return steps
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ignite_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     keys = _keys(random.Random(15))
     first = _script(STRING_IDS, uuid_ids=False, with_keys=True)

@@ -20,7 +20,7 @@ from tests.interop.ignite_scenarios import JOIN_FAIL_LEAVE, LOSS
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.xdist_group("interop-ignite-exchange"),  # one worker: its JVM and warehouse fixtures run once
+    pytest.mark.xdist_group("interop-ignite-exchange"),  # one worker: its session-scoped fixtures run once
     pytest.mark.skipif(harness.missing_tools() is not None, reason=str(harness.missing_tools())),
 ]
 
@@ -37,12 +37,12 @@ def _run(spark: Any, tmp: Path, script: dict[str, Any]) -> tuple[dict[str, Any],
     return run, replay(spark, tmp / "warehouse", script, run)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def join_fail_leave(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], list[StepResult]]:
     return _run(spark, Path(tmp_path_factory.mktemp("join-fail-leave")), JOIN_FAIL_LEAVE)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def loss(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], list[StepResult]]:
     return _run(spark, Path(tmp_path_factory.mktemp("loss")), LOSS)
 
