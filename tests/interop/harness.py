@@ -7,6 +7,8 @@ Contract:
       ``.cache/m2``, else online from Maven Central) under a file lock, so parallel test workers build once.
     - :func:`run_ignite` / :func:`run_hazelcast` write the script as JSON, run one JVM (loopback only, a free port
       range picked here, far from Spark's ephemeral ports) and return the parsed JSON it dumped.
+    - :func:`once_per_session` runs such a JVM once per test session even when several xdist workers need its
+      dump: the first computes it under a file lock in the session's shared temporary folder, the others read it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +136,24 @@ def run_hazelcast(script: dict[str, Any], workdir: Path, heap: str = "1g", timeo
             "--add-opens=java.base/java.lang=ALL-UNNAMED", "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
             "-Dhazelcast.phone.home.enabled=false", "-Dhazelcast.logging.type=jdk"]
     return _jvm(HAZELCAST_MAIN, script, workdir, opts, timeout_s)
+
+
+def once_per_session(base_temp: Path, name: str, compute: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """``compute(workdir)`` once per session (all xdist workers), its JSON-able result shared through a file.
+
+    Args:
+        base_temp: ``tmp_path_factory.getbasetemp()``; under xdist each worker's is a child of the session's folder.
+        name: what the run is (a file name).
+        compute: runs the JVM in the given work folder and returns its dump.
+    """
+    shared = base_temp.parent if os.environ.get("PYTEST_XDIST_WORKER") else base_temp
+    folder = shared / "interop-runs"
+    folder.mkdir(parents=True, exist_ok=True)
+    result = folder / f"{name}.json"
+    with open(folder / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not result.exists():
+            out = compute(folder / name)
+            result.write_text(json.dumps(out))
+        loaded: dict[str, Any] = json.loads(result.read_text())
+    return loaded

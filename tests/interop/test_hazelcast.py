@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,7 +40,8 @@ def key_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[dict[s
     for parts in (PARTITIONS, 1024):
         script = {"partitions": parts, "steps": [{"op": "start", "member": "k0", "layout": False},
                                                  {"op": "keys", "layout": False, **keys}]}
-        run = harness.run_hazelcast(script, Path(tmp_path_factory.mktemp(f"hazelcast-keys-{parts}")))
+        run = harness.once_per_session(tmp_path_factory.getbasetemp(), f"hazelcast-keys-{parts}",
+                                       lambda work, script=script: harness.run_hazelcast(script, work))
         out[parts] = (keys, run["steps"][1]["partitions_of"])
     return out
 
@@ -60,7 +60,8 @@ def test_key_partitions_equal_real_hazelcast(key_runs: dict[int, Any], parts: in
 @pytest.fixture(scope="session")
 def migration_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     script = benchmark_script(PARTITIONS)
-    run = harness.run_hazelcast(script, Path(tmp_path_factory.mktemp("hazelcast-migrations")))
+    run = harness.once_per_session(tmp_path_factory.getbasetemp(), "hazelcast-migrations",
+                                   lambda work: harness.run_hazelcast(script, work))
     run["backups"] = script["backups"]
     return run
 

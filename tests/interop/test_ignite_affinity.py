@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import random
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -89,7 +88,8 @@ def ignite_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "nodes": {**_node_specs(STRING_IDS, False), **_node_specs(UUID_IDS, True), "client-1": {}, "BB": {}},
         "steps": first + second,
     }
-    out = harness.run_ignite(script, Path(tmp_path_factory.mktemp("ignite-affinity")))
+    out = harness.once_per_session(tmp_path_factory.getbasetemp(), "ignite-affinity",
+                                   lambda work: harness.run_ignite(script, work))
     out["keys"] = keys
     out["string_steps"] = len(first)
     return out
