@@ -97,7 +97,8 @@ public final class HazelcastHarness {
     }
 
     private void start(String name) {
-        int partitions = script.path("partitions").asInt(271);
+        // A member may name its own partition count: it then forms its own cluster (the name includes the count).
+        int partitions = script.path("member_partitions").path(name).asInt(script.path("partitions").asInt(271));
         Config cfg = new Config()
             .setInstanceName(name)
             .setClusterName("rebalancer-interop-" + basePort + "-" + partitions)
@@ -194,22 +195,33 @@ public final class HazelcastHarness {
         }
         long deadline = System.currentTimeMillis() + 600_000;
         int stable = 0;
+        int seen = -1;
         while (System.currentTimeMillis() < deadline) {
-            boolean safe = true;
+            // The listener's events arrive asynchronously: wait until its count stopped moving too.
+            int completed = listenerCompleted.get();
+            boolean safe = completed == seen;
+            seen = completed;
             for (HazelcastInstance hz : running.values()) {
                 InternalPartitionServiceImpl svc = service(hz);
-                safe &= hz.getCluster().getMembers().size() == running.size();
+                safe &= hz.getCluster().getMembers().size() == clusterSize(hz);
                 safe &= svc.getMigrationQueueSize() == 0 && !svc.hasOnGoingMigrationLocal();
                 safe &= hz.getPartitionService().isLocalMemberSafe();
             }
-            safe &= !service(master()).hasOnGoingMigration() && master().getPartitionService().isClusterSafe();
+            HazelcastInstance master = master();
+            safe &= !service(master).hasOnGoingMigration() && master.getPartitionService().isClusterSafe();
             stable = safe ? stable + 1 : 0;
-            if (stable >= 5) {
+            if (stable >= 10) {
                 return;
             }
             Thread.sleep(100);
         }
         throw new IllegalStateException("partitions did not become safe within 600 s");
+    }
+
+    /** How many running members share ``hz``'s cluster (members with their own partition count form their own). */
+    private long clusterSize(HazelcastInstance hz) {
+        String cluster = hz.getConfig().getClusterName();
+        return running.values().stream().filter(m -> m.getConfig().getClusterName().equals(cluster)).count();
     }
 
     private void dump(ObjectNode dump, boolean layout) {
@@ -238,7 +250,8 @@ public final class HazelcastHarness {
 
     private ObjectNode keys(JsonNode step) {
         // The public partition service: the partition the real member maps a key to.
-        var ps = running.values().iterator().next().getPartitionService();
+        String member = step.path("member").asText(running.keySet().iterator().next());
+        var ps = running.get(member).getPartitionService();
         ObjectNode out = JSON.createObjectNode();
         ArrayNode strings = out.putArray("string");
         step.path("string").forEach(k -> strings.add(ps.getPartition(k.asText()).getPartitionId()));
