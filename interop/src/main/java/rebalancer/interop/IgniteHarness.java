@@ -133,6 +133,7 @@ public final class IgniteHarness {
             case "client": startNode(name, true); break;
             case "stop": Ignition.stop(name, false); running.remove(name); forgetIfDown(); break;
             case "kill": kill(name); forgetIfDown(); break;
+            case "stop_all": Ignition.stopAll(true); running.clear(); forgetIfDown(); break;
             case "start_cache": startCache(step.path("cache").asText()); break;
             case "stop_cache":
                 coordinator().destroyCache(step.path("cache").asText());
