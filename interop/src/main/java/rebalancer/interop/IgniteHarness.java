@@ -363,7 +363,8 @@ public final class IgniteHarness {
             AffinityTopologyVersion ver = null;
             for (Ignite ig : running.values()) {
                 var exch = ((IgniteEx) ig).context().cache().context().exchange();
-                done &= exch.lastTopologyFuture().isDone();
+                GridDhtPartitionsExchangeFuture last = exch.lastTopologyFuture();
+                done &= last == null || last.isDone();  // null on an inactive persistent cluster
                 AffinityTopologyVersion v = exch.readyAffinityVersion();
                 if (ver == null || v.compareTo(ver) > 0) {
                     ver = v;
