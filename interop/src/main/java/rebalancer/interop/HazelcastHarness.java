@@ -1,7 +1,6 @@
 package rebalancer.interop;
 
 import java.io.File;
-import java.util.ArrayList;
 import java.util.Collection;
 import java.util.LinkedHashMap;
 import java.util.List;
