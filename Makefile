@@ -18,16 +18,15 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/rebalancer demo
 
-# Test workers: each runs its own local[2] Spark session. `--dist loadgroup` keeps each interop module (one real
-# Ignite or Hazelcast JVM per module) on one worker; every other test is spread as before. Spark jobs on the suite's tiny frames wait mostly on
+# Test workers: each runs its own local[2] Spark session. Spark jobs on the suite's tiny frames wait mostly on
 # the driver (scheduling, py4j round trips), so three workers on two cores finish much sooner than one.
 TEST_WORKERS ?= 3
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m ""
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m ""
 
 # Real Apache Ignite 2.x and Hazelcast 5.x against rebalancer, slow scenarios included (docs/INTEROP.md; needs java
 # and mvn: the jars come from Maven Central once, into .cache/m2). `make test` runs the fast ones, `test-all` all.

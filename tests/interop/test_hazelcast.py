@@ -14,7 +14,6 @@ from tests.interop import harness
 from tests.interop.hazelcast_compare import benchmark_script, classify, compare, data_layout
 
 pytestmark = [
-    pytest.mark.xdist_group("interop-hazelcast"),  # one worker: session fixtures run once
     pytest.mark.skipif(harness.missing_tools() is not None, reason=str(harness.missing_tools())),
 ]
 

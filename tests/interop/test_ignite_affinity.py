@@ -20,7 +20,6 @@ from rebalancer.client import assign, partition_of
 from tests.interop import harness
 
 pytestmark = [
-    pytest.mark.xdist_group("interop-ignite-affinity"),  # one worker: session fixtures run once
     pytest.mark.skipif(harness.missing_tools() is not None, reason=str(harness.missing_tools())),
 ]
 

@@ -17,7 +17,6 @@ from tests.interop import harness
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.xdist_group("interop-ignite-baseline"),
     pytest.mark.skipif(harness.missing_tools() is not None, reason=str(harness.missing_tools())),
 ]
 

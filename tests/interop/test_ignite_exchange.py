@@ -20,7 +20,6 @@ from tests.interop.ignite_scenarios import JOIN_FAIL_LEAVE, LOSS
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.xdist_group("interop-ignite-exchange"),  # one worker: its session-scoped fixtures run once
     pytest.mark.skipif(harness.missing_tools() is not None, reason=str(harness.missing_tools())),
 ]
 
