@@ -183,7 +183,7 @@ def sql(
 @app.command()
 def exchange(ctx: typer.Context) -> None:
     """Process every pending event and the latest partition reports; commit the resulting topology versions."""
-    from rebalancer.exchange.job import run_exchange
+    from rebalancer.pipeline import run_exchange
 
     state = _state(ctx)
     with step("running the exchange"):

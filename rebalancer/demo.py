@@ -64,7 +64,7 @@ def run_demo(state: CliState, nodes: int, groups: int, partitions: int, backups:
             f"(max/mean {max(replicas) / mean:.3f}); total {_gib(sum(r.bytes or 0 for r in rows))}"
         )
     from rebalancer.cli import print_round, print_stability, print_summary
-    from rebalancer.exchange.job import run_exchange
+    from rebalancer.pipeline import run_exchange
     from rebalancer.operations import append_event
     from rebalancer.report import collect_report_data, write_report
     from rebalancer.twin.simulate import simulate

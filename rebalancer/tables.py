@@ -102,6 +102,11 @@ EXCHANGES = _schema(
     ("bytes_to_move", L),
     ("makespan_s", D),
     ("makespan_lower_bound_s", D),
+    # per input table, the Delta version this exchange consumed: the next one reads only what came after it
+    ("input_versions", MapType(S, L)),
+    # how the exchange ran: wall seconds per stage, and the Spark jobs it started (null on Spark Connect)
+    ("stage_seconds", MapType(S, D)),
+    ("spark_jobs", INT),
 )
 TOPOLOGY = _schema(*_VERSION, ("node_id", S), ("node_order", L), ("is_client", B))
 IDEAL_ASSIGNMENT = _schema(
@@ -124,6 +129,8 @@ PARTITION_MAP = _schema(
     ("update_counter", L),
     ("size", L),
     ("bytes", L),
+    # beyond SPEC: the WAL history of the report the copy was last updated from (the supplier's HISTORICAL test)
+    ("wal_history_counter", L),
 )
 COUNTER_CONFLICTS = _schema(
     *_VERSION,

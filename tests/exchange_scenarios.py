@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rebalancer.config import Settings
-from rebalancer.exchange.job import ExchangeSummary, run_exchange
+from rebalancer.pipeline import ExchangeSummary, run_exchange
 from rebalancer.storage import Warehouse, open_warehouse
 from rebalancer.tables import CACHE_GROUPS, NODES, PARTITION_REPORTS, TOPOLOGY_EVENTS
 

@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from rebalancer.cli import main
-from rebalancer.exchange.job import VERSIONED_TABLES, run_exchange
+from rebalancer.pipeline import VERSIONED_TABLES, run_exchange
 from rebalancer.tables import TOPOLOGY_EVENTS
 from rebalancer.validation import InputSchemaError, InvalidInputError, validate_inputs
 from tests.exchange_scenarios import T0, Cluster

@@ -66,7 +66,7 @@ from hypothesis import strategies as st
 
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.client.affinity import assign
-from rebalancer.exchange.job import VERSIONED_TABLES
+from rebalancer.pipeline import VERSIONED_TABLES
 from rebalancer.twin.simulate import simulate
 from tests.exchange_scenarios import Cluster
 

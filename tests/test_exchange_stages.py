@@ -117,7 +117,9 @@ def run_stages(
     map_df = counters.apply_counter_resets(map_df)
     lost_df = lost.find_lost(map_df, prev_owned, prev_lost, groups, reset_df, new_df)
     # The orchestrator materializes the map here and at the end (docs/EXCHANGE.md); localCheckpoint stands in.
-    map_df = lost.apply_loss_decisions(map_df, lost_df, ideal, new_df, reset_df).localCheckpoint()
+    map_df = lost.apply_loss_decisions(
+        map_df, lost_df, ideal, new_df, reset_df, groups, prev_map.select("group_name", "partition_id")
+    ).localCheckpoint()
     assignment_df = late_affinity.late_affinity(ideal, prev_assignment, map_df, nodes)
     map_df = late_affinity.surplus_to_renting(map_df, assignment_df, ideal)
     map_df = demands.add_moving_targets(map_df, ideal).localCheckpoint()

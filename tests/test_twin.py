@@ -118,7 +118,7 @@ def test_exchange_and_simulate_started_together_commit_one_version_and_one_clear
 ) -> None:
     import threading
 
-    from rebalancer.exchange.job import ExchangeConflictError
+    from rebalancer.pipeline import ExchangeConflictError
 
     c = steady_three_nodes(spark, tmp_path / "w")
     c.event("NODE_FAILED", node="n2")

@@ -118,8 +118,13 @@ def find_lost(
     require_columns(groups_df, ["group_name", "partitions", "loss_policy"], stage="find_lost", argument="groups_df")
     part = list(PARTITION_KEY)
     newly_lost_df = prev_owned_df.select(*part).join(_owned(map_df), part, "left_anti")
-    sticky_df = prev_lost_df.select(*part).join(reset_groups_df.select("group_name"), "group_name", "left_anti")
     policy = loss_policy(F.col("loss_policy"))
+    # An IGNORE loss is listed only in the version of the loss: a real Ignite node keeps no lost state under IGNORE.
+    sticky_df = (
+        prev_lost_df.select(*part)
+        .join(reset_groups_df.select("group_name"), "group_name", "left_anti")
+        .join(groups_df.where(policy != IGNORE).select("group_name"), "group_name", "left_semi")
+    )
     lost_df = (
         newly_lost_df.unionByName(sticky_df)
         .distinct()
@@ -142,6 +147,8 @@ def apply_loss_decisions(
     ideal_df: DataFrame,
     new_groups_df: DataFrame,
     reset_groups_df: DataFrame,
+    groups_df: DataFrame,
+    prev_copies_df: DataFrame,
 ) -> DataFrame:
     """The map after the loss decisions: LOST marks and placeholders, recreated empty OWNING copies.
 
@@ -173,6 +180,9 @@ def apply_loss_decisions(
         .join(lost_df.select(*part, F.col("loss_policy").alias("_policy")), part, "left")
         .join(new_groups_df.select("group_name").distinct().withColumn("_new", F.lit(True)), "group_name", "left")
         .join(reset_groups_df.select("group_name").distinct().withColumn("_rst", F.lit(True)), "group_name", "left")
+        .join(groups_df.select("group_name", loss_policy(F.col("loss_policy")).alias("_group_policy")),
+              "group_name", "left")
+        .join(prev_copies_df.select(*part).distinct().withColumn("_had", F.lit(True)), part, "left")
         .withColumn(
             "_owned",
             F.max(F.coalesce(F.col("state") == OWNING, F.lit(False))).over(Window.partitionBy(*part)),
@@ -182,9 +192,11 @@ def apply_loss_decisions(
     is_ideal = F.coalesce(F.col("_ideal"), F.lit(False))
     policy = F.col("_policy")
     safe_lost = policy.isNotNull() & (policy != IGNORE)
-    recreate = ~F.col("_owned") & (
-        (policy == IGNORE)
-        | (policy.isNull() & (F.coalesce(F.col("_new"), F.lit(False)) | F.coalesce(F.col("_rst"), F.lit(False))))
+    recreate = ~F.col("_owned") & ~F.coalesce(safe_lost, F.lit(False)) & (
+        (F.col("_group_policy") == IGNORE)
+        | F.coalesce(F.col("_new"), F.lit(False))
+        | F.coalesce(F.col("_rst"), F.lit(False))
+        | F.col("_had").isNull()
     )
     empty = (is_ideal & recreate) | (~is_copy & safe_lost)
     zero = F.lit(0).cast("long")

@@ -39,19 +39,19 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from rebalancer.config import Settings
-from rebalancer.exchange.fullmap import COPY_KEY, OWNING, PARTITION_KEY
-from rebalancer.exchange.job import ExchangeSummary, current_map, run_exchange
 from rebalancer.frames import at_version, scalar
+from rebalancer.inputs import last_committed
 from rebalancer.operations import append_event, latest_committed_version
+from rebalancer.pipeline import ExchangeSummary, run_exchange
 from rebalancer.storage import Warehouse
 from rebalancer.tables import PARTITION_REPORTS
+from rebalancer.vocabulary import COPY, COPY_KEY, DROP, EVICTED, MOVING, OWNING, PARTITION_KEY, PROMOTE
 
 __all__ = [
     "Stability", "TwinError", "TwinResult", "TwinRound", "executable_steps", "not_yet_applied", "reports_for",
     "simulate", "stability",
 ]
 
-COPY, PROMOTE, DROP = "COPY", "PROMOTE", "DROP"
 
 
 class TwinError(RuntimeError):
@@ -122,7 +122,7 @@ def not_yet_applied(steps_df: DataFrame, map_now_df: DataFrame) -> DataFrame:
 
     Args:
         steps_df: COPY and DROP steps of one plan.
-        map_now_df: the committed map overridden by the newest reports (``exchange.job.current_map``).
+        map_now_df: the committed map overridden by the newest reports (:func:`current_map`).
     """
     part = list(PARTITION_KEY)
     owned_df = map_now_df.where(F.col("state") == OWNING).select(
@@ -189,6 +189,41 @@ def reports_for(steps_df: DataFrame, map_df: DataFrame, first_seq: int) -> DataF
         "report_seq", F.lit(first_seq - 1).cast("long") + F.row_number().over(order)
     )
     return out_df.select(*[F.col(f.name).cast(f.dataType) for f in PARTITION_REPORTS.fields])
+
+
+def current_map(spark: SparkSession, warehouse: Warehouse) -> tuple[tuple[int, int], DataFrame] | None:
+    """The latest committed version and its map as the nodes' newest reports make it now (None: no version).
+
+    The committed ``partition_map`` on the version's alive servers, each copy replaced by its newest report
+    committed after the version (EVICTED copies leave), then the counter rule (OWNING copies below the highest
+    OWNING counter of their partition count as MOVING): what the next exchange would start from, for the twin
+    to see which steps the reports already show. Nothing is written; the reports are not validated (the twin
+    writes them itself).
+    """
+    committed = last_committed(warehouse)
+    if committed is None:
+        return None
+    version = committed.version
+    servers = [n for n, info in committed.state.alive.items() if not info.is_client]
+    columns = [*COPY_KEY, "state", "update_counter", "size", "bytes"]
+    kept_df = at_version(warehouse.read("partition_map"), version).select(*columns, F.lit(1).alias("_source"),
+                                                                        F.lit(None).cast("long").alias("report_seq"))
+    new_df = warehouse.changes("partition_reports", committed.input_versions.get("partition_reports")).rows
+    reported_df = new_df.where(
+        F.col("node_id").isin(servers) & F.col("group_name").isin(sorted(committed.state.groups))
+    ).select(*columns, F.lit(0).alias("_source"), "report_seq")
+    newest = Window.partitionBy(*COPY_KEY).orderBy("_source", F.col("report_seq").desc_nulls_last())
+    merged_df = (
+        kept_df.unionByName(reported_df)
+        .withColumn("_rn", F.row_number().over(newest))
+        .where((F.col("_rn") == 1) & (F.col("state") != EVICTED))
+    )
+    owning = F.col("state") == OWNING
+    top = F.max(F.when(owning, F.col("update_counter"))).over(Window.partitionBy(*PARTITION_KEY))
+    map_df = merged_df.withColumn(
+        "state", F.when(owning & (F.col("update_counter") < top), F.lit(MOVING)).otherwise(F.col("state"))
+    ).select(*columns)
+    return version, map_df
 
 
 def stability(spark: SparkSession, warehouse: Warehouse) -> Stability | None:

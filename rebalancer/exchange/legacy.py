@@ -266,7 +266,10 @@ def _compute(
             lost.find_lost(map_df, prev_owned_df, prev_lost_df, groups_df, reset_groups_df, new_groups_df)
         )
         map_df = _materialize(
-            lost.apply_loss_decisions(map_df, lost_df, ideal_df, new_groups_df, reset_groups_df)
+            lost.apply_loss_decisions(
+                map_df, lost_df, ideal_df, new_groups_df, reset_groups_df, groups_df,
+                prev_map_df.select("group_name", "partition_id"),
+            )
         )
     with stage("late affinity"):
         assignment_df = _materialize(late_affinity.late_affinity(ideal_df, prev_assignment_df, map_df, alive_df))
@@ -560,9 +563,12 @@ def _commit(
     outputs["topology"] = alive_df
     for name in VERSIONED_TABLES:
         with timer.stage("writes"):
+            frame = _with_version(outputs[name], major, minor)
+            if name == "partition_map" and "wal_history_counter" not in frame.columns:
+                frame = frame.withColumn("wal_history_counter", F.lit(None).cast("long"))
             warehouse.replace_where(
                 name,
-                _with_version(outputs[name], major, minor).select(*OUTPUT_TABLES[name].fieldNames()),
+                frame.select(*OUTPUT_TABLES[name].fieldNames()),
                 {"topology_major": major, "topology_minor": minor},
             )
         hook(f"after:{name}")
@@ -624,7 +630,7 @@ def _commit_exchange_row(
         s.exchange_id, s.topology_major, s.topology_minor, s.exchange_type, list(s.merged_event_seqs),
         s.coordinator, max_report_seq, started, finished, sorted(step.groups), s.alive_servers, s.alive_clients,
         s.partitions, s.lost_partitions, s.moving_copies, s.temporary_primaries, s.counter_conflicts,
-        s.migrations, s.bytes_to_move, s.makespan_s, s.makespan_lower_bound_s,
+        s.migrations, s.bytes_to_move, s.makespan_s, s.makespan_lower_bound_s, None, None, None,
     )
     warehouse.merge("exchanges", spark.createDataFrame([row], EXCHANGES), keys=["exchange_id"], insert_only=True)
     committed = warehouse.read("exchanges").where(F.col("exchange_id") == s.exchange_id).collect()
