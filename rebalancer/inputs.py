@@ -28,7 +28,14 @@ from rebalancer.config import Settings
 from rebalancer.exchange.versions import Event, NodeInfo, Rejection, TopologyState, late_events
 from rebalancer.storage import Warehouse
 from rebalancer.tables import INPUT_TABLES, REJECTED_ROWS
-from rebalancer.validation import ROW_COLUMN, Consumer, InvalidInputError, Validated, validate_inputs
+from rebalancer.validation import (
+    ROW_COLUMN,
+    Consumer,
+    InvalidInputError,
+    References,
+    Validated,
+    validate_inputs,
+)
 from rebalancer.vocabulary import COPY_KEY
 
 __all__ = ["Committed", "Inputs", "Reports", "last_committed", "read_inputs", "record_rejections", "validate_reports"]
@@ -109,7 +116,7 @@ class Inputs:
     new_reports: DataFrame | None
     versions: dict[str, int]
     rejected: pa.Table
-    _small: dict[str, pa.Table] = field(default_factory=dict)
+    references: References | None = None
     _reports_since: int | None = None
 
     @property
@@ -158,8 +165,8 @@ def read_inputs(
     versions["partition_reports"] = changes.version
     raw = {name: _local_frame(spark, table) for name, table in small.items()}
     raw["partition_reports"] = _no_reports(warehouse)
-    validated = validate_inputs(raw, exchange_id=exchange_id)
-    rejected_all = validated.rejected.toArrow()
+    validated = validate_inputs(raw, exchange_id=exchange_id, small=True)
+    rejected_all = validated.numbered.toArrow()
     _raise_if_strict(settings, rejected_all)
     valid_small = {name: _valid(name, table, rejected_all, validated) for name, table in small.items()}
     events = [
@@ -178,9 +185,26 @@ def read_inputs(
         new_reports=None if changes.known_empty else changes.rows,
         versions=versions,
         rejected=rejected_all.select(REJECTED_ROWS.fieldNames()),
-        _small=small,
+        references=_references(small, valid_small),
         _reports_since=since.get("partition_reports"),
     )
+
+
+def _references(small: Mapping[str, pa.Table], valid: Mapping[str, pa.Table]) -> References:
+    """What reports may refer to: every node and group of the tables, with whether its row is valid."""
+    nodes: dict[str, tuple[bool, bool]] = {}
+    for n in small["nodes"].column("node_id").to_pylist():
+        if isinstance(n, str):
+            nodes[n] = (False, False)
+    for r in valid["nodes"].select(["node_id", "is_client"]).to_pylist():
+        nodes[r["node_id"]] = (True, bool(r["is_client"]))
+    groups: dict[str, tuple[bool, int | None, bool]] = {}
+    for g in small["cache_groups"].column("group_name").to_pylist():
+        if isinstance(g, str):
+            groups[g] = (False, None, True)
+    for r in valid["cache_groups"].select(["group_name", "partitions", "persistent"]).to_pylist():
+        groups[r["group_name"]] = (True, r["partitions"], True if r["persistent"] is None else bool(r["persistent"]))
+    return References(nodes, groups)
 
 
 def validate_reports(
@@ -205,10 +229,10 @@ def validate_reports(
         stored = warehouse.read("partition_reports", version=inputs._reports_since).join(
             F.broadcast(copies), list(COPY_KEY), "left_semi"
         )
-    raw = {name: _local_frame(spark, table) for name, table in inputs._small.items()}
-    raw["topology_events"] = raw["topology_events"].limit(0)
+    raw = {name: warehouse.read_raw(name).limit(0) for name in ("cache_groups", "nodes", "topology_events")}
     raw["partition_reports"] = new_reports
-    validated = validate_inputs(raw, exchange_id=exchange_id, persist=True, stored_reports=stored, consumer=consumer)
+    validated = validate_inputs(raw, exchange_id=exchange_id, persist=True, stored_reports=stored, consumer=consumer,
+                                references=inputs.references)
     rejected = validated.rejected.where(F.col("table_name") == "partition_reports").toArrow()
     try:
         _raise_if_strict(settings, rejected)

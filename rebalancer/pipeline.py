@@ -57,6 +57,7 @@ from rebalancer.exchange.kernel import (
     GroupSettings,
     KernelContext,
 )
+from rebalancer.exchange.stamps import STAMPS_SCHEMA, stamps_of
 from rebalancer.exchange.versions import ExchangeStep, NodeInfo, TopologyState, coordinator_of, plan_exchanges
 from rebalancer.inputs import (
     Committed,
@@ -68,7 +69,6 @@ from rebalancer.inputs import (
     validate_reports,
 )
 from rebalancer.planning.plan import finish_plan, schedule_plan
-from rebalancer.planning.versions import partition_stamps
 from rebalancer.storage import Warehouse
 from rebalancer.tables import EXCHANGES, OUTPUT_TABLES, REJECTED_ROWS, TOPOLOGY, VERSION_COLUMNS
 from rebalancer.validation import Consumer, InvalidInputError
@@ -85,9 +85,9 @@ __all__ = ["STAGES", "VERSIONED_TABLES", "ExchangeConflictError", "ExchangeSumma
 #: Tables that hold one complete copy per committed version (every output but ``exchanges`` and ``rejected_rows``).
 VERSIONED_TABLES = tuple(n for n in OUTPUT_TABLES if n not in ("exchanges", "rejected_rows"))
 #: Versioned tables with one row per partition or copy: written from Spark. The others go through the driver.
-LARGE_TABLES = ("ideal_assignment", "affinity_assignment", "partition_map", "partition_versions")
+LARGE_TABLES = ("ideal_assignment", "affinity_assignment", "partition_map", "partition_versions")  # + client_affinity
 #: The stages an exchange's wall time is split into (``ExchangeSummary.stage_seconds``), in the order they run.
-STAGES = ("inputs", "unsettled", "kernel", "plan", "writes", "stamps", "routing", "commit")
+STAGES = ("inputs", "unsettled", "kernel", "plan", "routing", "writes", "stamps", "commit")
 _SMALL_KINDS = ("counter_conflicts", "lost_partitions", "steps")
 
 
@@ -627,36 +627,30 @@ class _Run:
               "is_client": i.is_client} for n, i in sorted(step.alive.items())],
             schema=_arrow(TOPOLOGY),
         )
+        touched = u.touched_groups(frozenset(sizes))
+        frames = {name: large(name) for name in LARGE_TABLES}
+        with meter.stage("routing"):
+            if touched or prev is None or step.groups != prev.state.groups:
+                assignment = frames["affinity_assignment"]
+                digests = routing.routing_digests(assignment).toArrow().to_pylist()
+                mappings = routing.fold(digests, [self._groups[g] for g in sizes])
+                frames["client_affinity"] = _versioned(routing.client_affinity(assignment, mappings), version)
+            else:
+                frames["client_affinity"] = _versioned(
+                    wh.read("client_affinity", where=_at(prev.version)).drop(*VERSION_COLUMNS), version
+                )
         with meter.stage("writes"):
             wh.replace_where_arrow("topology", topology, where)
             self.hook("after:topology")
-            for name in ("ideal_assignment", "affinity_assignment", "partition_map"):
-                wh.replace_where(name, large(name), where)
+            wh.replace_where_many(frames, where, committed=lambda name: self.hook(f"after:{name}"))
+            for name, rows in (("counter_conflicts", small["counter_conflicts"]),
+                               ("lost_partitions", small["lost_partitions"]), ("migration_plan", plan)):
+                wh.replace_where_arrow(name, small_table(name, rows), where)
                 self.hook(f"after:{name}")
-            wh.replace_where_arrow("counter_conflicts", small_table("counter_conflicts", small["counter_conflicts"]),
-                                   where)
-            self.hook("after:counter_conflicts")
-            wh.replace_where_arrow("lost_partitions", small_table("lost_partitions", small["lost_partitions"]), where)
-            self.hook("after:lost_partitions")
-            wh.replace_where_arrow("migration_plan", small_table("migration_plan", plan), where)
-            self.hook("after:migration_plan")
-            wh.replace_where("partition_versions", large("partition_versions"), where)
-            self.hook("after:partition_versions")
-        touched = u.touched_groups(frozenset(sizes))
         with meter.stage("stamps"):
             stamps = self._stamps(prev, version, sizes, touched)
             wh.replace_where_arrow("partition_stamps", small_table("partition_stamps", stamps), where)
             self.hook("after:partition_stamps")
-        with meter.stage("routing"):
-            groups_df = self.spark.createDataFrame(self.inputs.groups).where(F.col("group_name").isin(list(sizes)))
-            if touched or prev is None or step.groups != prev.state.groups:
-                assignment = wh.read("affinity_assignment", where=where)
-                routes = _versioned(routing.client_affinity(assignment, groups_df), version)
-            else:
-                routes = _versioned(wh.read("client_affinity", where=_at(prev.version)).drop(*VERSION_COLUMNS),
-                                    version)
-            wh.replace_where("client_affinity", routes, where)
-            self.hook("after:client_affinity")
         lost = small["lost_partitions"]
         return {
             "partitions": sum(sizes.values()),
@@ -669,24 +663,18 @@ class _Run:
     def _stamps(
         self, prev: Committed | None, version: tuple[int, int], sizes: dict[str, int], touched: frozenset[str]
     ) -> pa.Table:
-        """Every running group's stamp: recomputed for groups with a recomputed partition, else carried."""
+        """Every running group's stamp: recomputed (on the driver) for groups with a recomputed partition, else
+        carried. A group's versions are one narrow row per partition, read from the version just written."""
         parts = []
         if touched:
-            versions_df = self.warehouse.read("partition_versions", where=_at(version)).where(
-                F.col("group_name").isin(sorted(touched)))
-            groups_df = self.spark.createDataFrame(
-                pa.table({"group_name": sorted(touched), "partitions": [sizes[g] for g in sorted(touched)]},
-                         schema=pa.schema([("group_name", pa.string()), ("partitions", pa.int32())]))
-            )
-            parts.append(partition_stamps(versions_df, groups_df).toArrow())
+            versions = self.warehouse.read_arrow("partition_versions", where=_at(version))
+            parts.append(stamps_of(versions, {g: sizes[g] for g in touched}))
         rest = sorted(set(sizes) - touched)
         if rest and prev is not None:
             old = self.warehouse.read_arrow("partition_stamps", where=_at(prev.version))
             parts.append(old.filter(pc.is_in(old.column("group_name"), pa.array(rest, pa.string())))
-                         .select(["group_name", "stamp"]))
-        schema = pa.schema([("group_name", pa.string()), ("stamp", pa.int64())])
-        return pa.concat_tables([p.select(["group_name", "stamp"]).cast(schema) for p in parts]) if parts else (
-            schema.empty_table())
+                         .select(["group_name", "stamp"]).cast(STAMPS_SCHEMA))
+        return pa.concat_tables(parts) if parts else STAMPS_SCHEMA.empty_table()
 
     def _commit_row(
         self, s: ExchangeSummary, step: ExchangeStep, prev: Committed | None, started: datetime, last: bool

@@ -69,6 +69,7 @@ __all__ = [
     "InputSchemaError",
     "InvalidInputError",
     "Consumer",
+    "References",
     "Validated",
     "conform",
     "validate_inputs",
@@ -164,12 +165,18 @@ class Validated:
     Attributes:
         valid: per input table, the rows that passed every rule, unchanged and with exactly the SPEC schema.
         rejected: every other row, with the ``rejected_rows`` schema of SPEC section 3.
+        numbered: the same rows plus :data:`ROW_COLUMN` (the caller's row number, where the raw table had one).
         checked: the cached checked tables (``persist=True``), for :meth:`release`.
     """
 
     valid: dict[str, DataFrame]
-    rejected: DataFrame
+    numbered: DataFrame
     checked: tuple[DataFrame, ...] = ()
+
+    @property
+    def rejected(self) -> DataFrame:
+        """Every rejected row, ``rejected_rows`` schema."""
+        return self.numbered.select(*REJECTED_ROWS.fieldNames())
 
     def release(self) -> None:
         """Unpersist the checked tables a ``persist=True`` validation cached."""
@@ -429,7 +436,7 @@ def conform(name: str, raw_df: DataFrame) -> tuple[DataFrame, DataFrame]:
     """
     frame_df, cast_rules, row_json = _conformed_frame(name, raw_df)
     checked = _Checked(_with_rules(frame_df, cast_rules), cast_rules, row_json)
-    return _valid_rows(name, checked), _rejected_rows(name, checked, F.lit(None))
+    return _valid_rows(name, checked), _rejected_rows(name, checked, F.lit(None)).select(*REJECTED_ROWS.fieldNames())
 
 
 # =====================================================================================================================
@@ -580,7 +587,8 @@ def _not_alive(alive: Sequence[str], at: str) -> _Rule:
         "node_id ", _quoted("node_id"), f" is not alive at version {at}, which consumes this report; a report",
         " applies only while its node is alive (a node that joins again reports its partitions again)",
     )  # fmt: skip
-    return _rule(_is_new_col() & ~F.col("node_id").isin(list(alive)), message)
+    known = F.coalesce(F.col(_NODE_OK), F.lit(False)) & ~F.coalesce(F.col(_NODE_CLIENT), F.lit(False))
+    return _rule(_is_new_col() & known & ~F.col("node_id").isin(list(alive)), message)
 
 
 def _not_running(running: Sequence[str], at: str) -> _Rule:
@@ -589,7 +597,8 @@ def _not_running(running: Sequence[str], at: str) -> _Rule:
         "group_name ", _quoted("group_name"), f" is not running at version {at}, which consumes this report",
         " (stopped, or not started yet); append the report again once the group runs",
     )  # fmt: skip
-    return _rule(_is_new_col() & ~F.col("group_name").isin(list(running)), message)
+    known = F.coalesce(F.col(_GROUP_OK), F.lit(False))
+    return _rule(_is_new_col() & known & ~F.col("group_name").isin(list(running)), message)
 
 
 def _stale() -> _Rule:
@@ -732,14 +741,50 @@ def _group_references(groups_checked_df: DataFrame) -> DataFrame:
     )
 
 
-def _with_references(df: DataFrame, node_refs_df: DataFrame, group_refs_df: DataFrame) -> DataFrame:
-    """Left-join the (small, broadcast) reference facts of the node and group each row names."""
-    return df.join(F.broadcast(node_refs_df), "node_id", "left").join(F.broadcast(group_refs_df), "group_name", "left")
+@dataclass(frozen=True)
+class References:
+    """What the other tables know of each node and group, given by a caller that already validated them.
+
+    Attributes:
+        nodes: node_id -> (its row is valid, it is a client); every node_id of the ``nodes`` table.
+        groups: group_name -> (its row is valid, partitions, persistent); every group of ``cache_groups``.
+    """
+
+    nodes: Mapping[str, tuple[bool, bool]]
+    groups: Mapping[str, tuple[bool, int | None, bool]]
 
 
-def _check_topology_events(raw_df: DataFrame, node_refs_df: DataFrame, group_refs_df: DataFrame) -> _Checked:
+def _with_references(
+    df: DataFrame, node_refs_df: DataFrame | None, group_refs_df: DataFrame | None,
+    references: References | None = None, *, broadcast: bool = True,
+) -> DataFrame:
+    """The reference facts of the node and group each row names: literal maps when the caller gave them (no join),
+    else left joins with the facts computed from the checked tables (broadcast for large tables; a shuffle join
+    for small ones, which keeps the whole validation one Spark job)."""
+    if references is not None:
+        node_facts = F.create_map(*[x for n, (ok, client) in references.nodes.items() for x in (
+            F.lit(n), F.struct(F.lit(ok).alias("ok"), F.lit(client).alias("client")))])
+        group_facts = F.create_map(*[x for g, (ok, parts, persistent) in references.groups.items() for x in (
+            F.lit(g), F.struct(F.lit(ok).alias("ok"), F.lit(parts).cast("int").alias("partitions"),
+                               F.lit(persistent).alias("persistent")))])
+        node_type = "struct<ok:boolean,client:boolean>"
+        group_type = "struct<ok:boolean,partitions:int,persistent:boolean>"
+        node = F.try_element_at(node_facts, F.col("node_id")) if references.nodes else F.lit(None)
+        group = F.try_element_at(group_facts, F.col("group_name")) if references.groups else F.lit(None)
+        return df.withColumns({_NODE_REF: node.cast(node_type), _GROUP_REF: group.cast(group_type)})
+    assert node_refs_df is not None and group_refs_df is not None
+    if broadcast:
+        return df.join(F.broadcast(node_refs_df), "node_id", "left").join(
+            F.broadcast(group_refs_df), "group_name", "left")
+    return df.join(node_refs_df.hint("shuffle_hash"), "node_id", "left").join(
+        group_refs_df.hint("shuffle_hash"), "group_name", "left")
+
+
+def _check_topology_events(
+    raw_df: DataFrame, node_refs_df: DataFrame, group_refs_df: DataFrame, broadcast: bool = True
+) -> _Checked:
     frame_df, cast_rules, row_json = _conformed_frame("topology_events", raw_df)
-    frame_df = _with_references(frame_df, node_refs_df, group_refs_df)
+    frame_df = _with_references(frame_df, node_refs_df, group_refs_df, broadcast=broadcast)
     frame_df = _with_copies(frame_df, "topology_events", [["event_seq"]])
     rules = [
         *cast_rules,
@@ -773,12 +818,14 @@ class Consumer:
 
 
 def _check_partition_reports(
-    raw_df: DataFrame, node_refs_df: DataFrame, group_refs_df: DataFrame, consumer: Consumer | None = None
+    raw_df: DataFrame, node_refs_df: DataFrame, group_refs_df: DataFrame, consumer: Consumer | None = None,
+    references: References | None = None, broadcast: bool = True,
 ) -> _Checked:
     # One shuffle by copy serves every window below (each partitions by a superset of the copy key), and every
     # window is ordered by (copy, report_seq), so one sort serves them all.
     frame_df, cast_rules, row_json = _conformed_frame("partition_reports", raw_df)
-    frame_df = _with_references(frame_df.repartition(*_COPY), node_refs_df, group_refs_df)
+    frame_df = _with_references(frame_df.repartition(*_COPY), node_refs_df, group_refs_df, references,
+                                broadcast=broadcast)
     if _STORED not in frame_df.columns:
         frame_df = frame_df.withColumn(_STORED, F.lit(False))
     newest_stored = F.max(F.when(F.col(_STORED), F.col("report_seq")))
@@ -856,6 +903,8 @@ def validate_inputs(
     persist: bool = False,
     stored_reports: DataFrame | None = None,
     consumer: Consumer | None = None,
+    references: References | None = None,
+    small: bool = False,
 ) -> Validated:
     """Check the four input tables against SPEC section 2 and split every table into valid and rejected rows.
 
@@ -873,6 +922,10 @@ def validate_inputs(
             are not judged again and appear in neither output.
         consumer: the version consuming the new reports (None: their applicability is not checked). A report of
             a node that is not alive there, or of a group that is not running there, is rejected with a reason.
+        references: what the caller already knows of every node and group (then the reports are checked against
+            these facts, with no join; the ``nodes`` and ``cache_groups`` tables given are still checked).
+        small: the tables are small (local relations): join the reference facts without broadcasting them, so
+            that the whole validation is one Spark job.
 
     Returns:
         :class:`Validated`: ``valid`` holds every input table (SPEC schema, rows unchanged) and ``rejected`` every
@@ -906,8 +959,10 @@ def validate_inputs(
     checked = {
         "cache_groups": groups,
         "nodes": nodes,
-        "topology_events": _check_topology_events(raw["topology_events"], node_refs_df, group_refs_df),
-        "partition_reports": _check_partition_reports(reports_raw, node_refs_df, group_refs_df, consumer),
+        "topology_events": _check_topology_events(raw["topology_events"], node_refs_df, group_refs_df, not small),
+        "partition_reports": _check_partition_reports(
+            reports_raw, node_refs_df, group_refs_df, consumer, references, not small
+        ),
     }
     if persist:
         checked = {name: _Checked(t.df.persist(), t.rules, t.row_json) for name, t in checked.items()}
@@ -917,7 +972,7 @@ def validate_inputs(
     )
     validated = Validated(
         valid={name: _valid_rows(name, t) for name, t in checked.items()},
-        rejected=rejected_df,
+        numbered=rejected_df,
         checked=tuple(t.df for t in checked.values()) if persist else (),
     )
     if strict:

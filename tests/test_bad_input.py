@@ -60,10 +60,10 @@ EVENTS: list[tuple[Any, ...]] = [
     ("unknown_type", f"event_type 'node_joined' is not one of {EVENT_TYPES}", 11, "node_joined", "n1", None),
     ("unknown_node", "node_id 'ghost' is not in nodes", 12, "NODE_JOINED", "ghost", None),
     ("unknown_node", "group_name 'nope' is not in cache_groups", 13, "CACHE_STOPPED", None, "nope"),
-    ("duplicate_seq", "event_seq 14 appears in 2 different topology_events rows; it must be unique, so all of them "
-     "are rejected", 14, "NODE_LEFT", "n1", None),
-    ("duplicate_seq", "event_seq 14 appears in 2 different topology_events rows; it must be unique, so all of them "
-     "are rejected", 14, "NODE_FAILED", "n1", None),
+    ("duplicate_seq", "event_seq 14 appears in 2 different topology_events rows committed together; it must be "
+     "unique, so all of them are rejected", 14, "NODE_LEFT", "n1", None),
+    ("duplicate_seq", "event_seq 14 appears in 2 different topology_events rows committed together; it must be "
+     "unique, so all of them are rejected", 14, "NODE_FAILED", "n1", None),
     ("exact_copy_seq", VALID, 15, "NODE_LEFT", "n2", None),
     ("exact_copy_seq", "exact duplicate of another topology_events row (one copy is used, the others are rejected)",
      15, "NODE_LEFT", "n2", None),
@@ -103,10 +103,10 @@ REPORTS: list[tuple[Any, ...]] = [
     _r("decreasing_counter", VALID, "n3", "g", 3, "MOVING", 0, 34),
     _r("decreasing_counter", VALID, "n3", "g", 3, "OWNING", 5, 35),
     _r("duplicate_report_seq", "report_seq 40 of node 'n3', group 'wide', partition 1 appears in 2 different "
-       "partition_reports rows; it must be unique per copy, so all of them are rejected",
+       "partition_reports rows committed together; it must be unique per copy, so all of them are rejected",
        "n3", "wide", 1, "OWNING", 10, 40),
     _r("duplicate_report_seq", "report_seq 40 of node 'n3', group 'wide', partition 1 appears in 2 different "
-       "partition_reports rows; it must be unique per copy, so all of them are rejected",
+       "partition_reports rows committed together; it must be unique per copy, so all of them are rejected",
        "n3", "wide", 1, "OWNING", 11, 40),
     _r("duplicate_report_seq", VALID, "n3", "wide", 0, "OWNING", 10, 41),
     _r("duplicate_report_seq", "exact duplicate of another partition_reports row (one copy is used, the others are "

@@ -300,7 +300,9 @@ def _lookup(sorted_keys: I64, keys: I64) -> I64:
 
 
 def _int(column: pa.ChunkedArray | pa.Array, fill: int = 0) -> I64:
-    return np.asarray(pc.fill_null(column, fill).to_numpy(zero_copy_only=False), dtype=np.int64)
+    if column.null_count:
+        column = pc.fill_null(column, fill)
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 # =====================================================================================================================
@@ -568,7 +570,13 @@ def decide(table: pa.Table, ctx: KernelContext) -> Decisions:
         KernelInvariantError: a decision broke the safety invariant (never expected; the message shows the
             partition's map before, its plan and its map after).
     """
-    table = table.select(INPUT_SCHEMA.names).cast(INPUT_SCHEMA) if table.schema != INPUT_SCHEMA else table
+    if table.schema != INPUT_SCHEMA:
+        missing = [name for name in INPUT_SCHEMA.names if name not in table.column_names]
+        if missing:
+            raise KernelInputError(
+                f"the kernel's input lacks columns {missing}; expected {INPUT_SCHEMA.names}, got {table.column_names}"
+            )
+        table = table.select(INPUT_SCHEMA.names).cast(INPUT_SCHEMA)
     batch, q = _partition_codes(table, ctx)
     kind = _int(table.column("kind"))
     nodes = _node_dictionary(ctx, table.column("node_id"))
@@ -681,6 +689,16 @@ def decide(table: pa.Table, ctx: KernelContext) -> Decisions:
         & (_seg_count(final.q, final_ideal & (final.state == _S_OWNING), n) == ideal.count)
         & (_seg_count(final.q, np.ones(final.q.size, bool), n) == ideal.count)
     )
+    bad = _violations(
+        _Facts(
+            n=n, map_q=final.q, map_node=final.node, map_owning=final.state == _S_OWNING,
+            ideal_q=ideal.q, ideal_node=ideal.node,
+            primary_q=assignment.q[assignment.replica == 0], primary_node=assignment.node[assignment.replica == 0],
+            step_q=steps.q, step=steps.step, step_action=steps.action, step_source=steps.source,
+            step_target=steps.target,
+        ),
+        len(nodes.ids),
+    )
     decisions = Decisions(
         partition_map=_map_table(batch, final, nodes),
         counter_conflicts=_conflicts_table(batch, conflict_rows, conflict_top, conflict_action, nodes),
@@ -691,7 +709,10 @@ def decide(table: pa.Table, ctx: KernelContext) -> Decisions:
         steps=_steps_table(batch, steps, nodes),
         partitions=_partitions_table(batch, switch_waiting, switch_ready, has_owner, stable, temporary),
     )
-    check_invariants(decisions)
+    if bad.size:
+        q_bad = int(bad[0])
+        raise KernelInvariantError(_describe((batch.group_names[batch.group[q_bad]], int(batch.pid[q_bad])),
+                                             decisions))
     return decisions
 
 
@@ -954,6 +975,25 @@ def _partitions_table(batch: _Batch, waiting: B, ready: B, has_owner: B, stable:
 # =====================================================================================================================
 
 
+@dataclass
+class _Facts:
+    """What the invariant reads, as integer codes: partitions ``q`` and nodes, rows sorted as decided."""
+
+    n: int  # partitions
+    map_q: I64
+    map_node: I64
+    map_owning: B
+    ideal_q: I64
+    ideal_node: I64
+    primary_q: I64  # rows of affinity_assignment with replica_index 0
+    primary_node: I64
+    step_q: I64  # plan rows in (partition, step) order
+    step: I64
+    step_action: npt.NDArray[np.object_]
+    step_source: I64
+    step_target: I64
+
+
 def check_invariants(d: Decisions) -> None:
     """Raise :class:`KernelInvariantError` unless the decisions are safe (module docstring).
 
@@ -961,84 +1001,85 @@ def check_invariants(d: Decisions) -> None:
     1..k; a COPY goes to an ideal node that does not own yet, a DROP removes a copy outside the ideal list; the
     OWNING copies never fall below min(current, target); and at the end exactly the ideal nodes hold a copy, all
     OWNING. For every partition with an owner: exactly one replica 0 in ``affinity_assignment``, and its copy owns.
-    Vectorised: one pass of sorts and bincounts over the tables.
     """
-    m, steps, a, ideal = d.partition_map, d.steps, d.affinity_assignment, d.ideal_assignment
-    tables = (m, steps, a, ideal)
+    tables = (d.partition_map, d.steps, d.affinity_assignment, d.ideal_assignment)
     groups = pa.array(sorted(set().union(*(pc.unique(t.column("group_name")).to_pylist() for t in tables))),
                       pa.string())
     nodes = pa.array(sorted(set().union(*(pc.unique(pc.drop_null(t.column(c))).to_pylist() for t, c in (
-        (m, "node_id"), (a, "node_id"), (ideal, "node_id"), (steps, "source_node"), (steps, "target_node"))))),
-        pa.string())
-    nn = max(len(nodes), 1)
-
-    def part(t: pa.Table) -> I64:
-        return _int(pc.index_in(t.column("group_name"), value_set=groups)) * MAX_PARTITIONS + _int(
+        (d.partition_map, "node_id"), (d.affinity_assignment, "node_id"), (d.ideal_assignment, "node_id"),
+        (d.steps, "source_node"), (d.steps, "target_node"))))), pa.string())
+    keys = {}
+    for name, t in (("map", d.partition_map), ("steps", d.steps), ("assignment", d.affinity_assignment),
+                    ("ideal", d.ideal_assignment)):
+        keys[name] = _int(pc.index_in(t.column("group_name"), value_set=groups)) * MAX_PARTITIONS + _int(
             t.column("partition_id"))
+    parts = np.unique(np.concatenate(list(keys.values())))
+
+    def q(name: str) -> I64:
+        return np.searchsorted(parts, keys[name]).astype(np.int64)
 
     def node(t: pa.Table, column: str) -> I64:
         return _int(pc.index_in(t.column(column), value_set=nodes), _NO)
 
-    def bad_parts(t: pa.Table, where: B) -> list[tuple[str, int]]:
-        rows = np.flatnonzero(where)[:1]
-        return [(t.column("group_name")[int(i)].as_py(), t.column("partition_id")[int(i)].as_py()) for i in rows]
-
-    m_part, m_node = part(m), node(m, "node_id")
-    m_key = m_part * nn + m_node
-    owning = np.asarray(pc.equal(m.column("state"), OWNING).to_numpy(zero_copy_only=False), bool)
-    owning_keys = np.unique(m_key[owning])
-    held_keys = np.unique(m_key)
-    ideal_keys = np.unique(part(ideal) * nn + node(ideal, "node_id"))
-    problems: list[tuple[str, int]] = []
-
-    # Served partitions: exactly one primary, and it owns.
+    a = d.affinity_assignment
     primary = np.asarray(pc.equal(a.column("replica_index"), 0).to_numpy(zero_copy_only=False), bool)
-    p_part = part(a)[primary]
-    p_key = p_part * nn + node(a, "node_id")[primary]
-    served, count = np.unique(p_part, return_counts=True)
-    owned_parts = np.unique(m_part[owning])
-    lacking = np.setdiff1d(owned_parts, served[count == 1])
-    problems += bad_parts(m, np.isin(m_part, lacking))
-    not_owning = np.isin(p_part, owned_parts) & (_lookup(owning_keys, p_key) < 0)
-    problems += bad_parts(a.filter(pa.array(primary)), not_owning)
+    st = d.steps
+    order = np.lexsort((_int(st.column("step")), q("steps")))
+    facts = _Facts(
+        n=parts.size,
+        map_q=q("map"), map_node=node(d.partition_map, "node_id"),
+        map_owning=np.asarray(pc.equal(d.partition_map.column("state"), OWNING).to_numpy(zero_copy_only=False), bool),
+        ideal_q=q("ideal"), ideal_node=node(d.ideal_assignment, "node_id"),
+        primary_q=q("assignment")[primary], primary_node=node(a, "node_id")[primary],
+        step_q=q("steps")[order], step=_int(st.column("step"))[order],
+        step_action=np.asarray(st.column("action").to_numpy(zero_copy_only=False), object)[order],
+        step_source=node(st, "source_node")[order], step_target=node(st, "target_node")[order],
+    )
+    bad = _violations(facts, max(len(nodes), 1))
+    if bad.size:
+        key = int(parts[bad[0]])
+        raise KernelInvariantError(_describe((groups[key // MAX_PARTITIONS].as_py(), key % MAX_PARTITIONS), d))
 
-    if steps.num_rows:
-        s_part = part(steps)
-        order = np.lexsort((_int(steps.column("step")), s_part))
-        sp = s_part[order]
-        step = _int(steps.column("step"))[order]
-        action = np.asarray(steps.column("action").to_numpy(zero_copy_only=False), object)[order]
-        src, dst = node(steps, "source_node")[order], node(steps, "target_node")[order]
-        is_copy, is_drop = action == COPY, action == DROP
-        dst_key, src_key = sp * nn + dst, sp * nn + src
-        wrong = step != _rank_in_segment(sp) + 1
-        wrong |= is_copy & ((dst < 0) | (_lookup(owning_keys, dst_key) >= 0) | (_lookup(ideal_keys, dst_key) < 0))
-        wrong |= is_drop & ((_lookup(held_keys, src_key) < 0) | (_lookup(ideal_keys, src_key) >= 0))
-        planned, pos = np.unique(sp, return_inverse=True)
-        k = planned.size
-        owners0 = np.bincount(_lookup(planned, m_part[owning]) + 1, minlength=k + 1)[1:]
-        ideal_part = ideal_keys // nn
-        target = np.bincount(_lookup(planned, ideal_part) + 1, minlength=k + 1)[1:]
+
+def _violations(f: _Facts, nn: int) -> I64:
+    """The partitions (sorted indexes) whose decisions break the invariant; vectorised over the batch."""
+    n = f.n
+    wrong = np.zeros(n, bool)
+    m_key = f.map_q * nn + f.map_node
+    owning_keys = np.unique(m_key[f.map_owning])
+    held_keys = np.unique(m_key)
+    ideal_keys = np.unique(f.ideal_q * nn + f.ideal_node)
+    has_owner = _seg_any(f.map_q, f.map_owning, n)
+    primaries = np.bincount(f.primary_q, minlength=n)
+    wrong |= has_owner & (primaries != 1)
+    primary_owns = _lookup(owning_keys, f.primary_q * nn + f.primary_node) >= 0
+    wrong |= has_owner & ~_seg_any(f.primary_q, primary_owns, n)
+    if f.step_q.size:
+        sq = f.step_q
+        is_copy, is_drop = f.step_action == COPY, f.step_action == DROP
+        dst_key, src_key = sq * nn + f.step_target, sq * nn + f.step_source
+        row_bad = f.step != _rank_in_segment(sq) + 1
+        row_bad |= is_copy & ((f.step_target < 0) | (_lookup(owning_keys, dst_key) >= 0)
+                              | (_lookup(ideal_keys, dst_key) < 0))
+        row_bad |= is_drop & ((_lookup(held_keys, src_key) < 0) | (_lookup(ideal_keys, src_key) >= 0))
+        owners0 = np.bincount(f.map_q[f.map_owning], minlength=n)
+        target = np.bincount(ideal_keys // nn, minlength=n)
         delta = np.where(is_copy, 1, np.where(is_drop & (_lookup(owning_keys, src_key) >= 0), -1, 0))
         run = np.cumsum(delta)
-        run_start = np.r_[0, run][np.r_[0, np.flatnonzero(sp[1:] != sp[:-1]) + 1]]
-        level = owners0[pos] + run - run_start[pos]
-        wrong |= level < np.minimum(owners0, target)[pos]
+        first = np.r_[0, np.flatnonzero(sq[1:] != sq[:-1]) + 1]
+        start = np.repeat(np.r_[0, run][first], np.diff(np.r_[first, sq.size]))
+        row_bad |= owners0[sq] + run - start < np.minimum(owners0, target)[sq]
+        dropped, drops = np.unique(src_key[is_drop], return_counts=True)
+        if dropped.size:
+            row_bad |= is_drop & (drops[np.maximum(_lookup(dropped, src_key), 0)] > 1)
+        wrong |= _seg_any(sq, row_bad, n)
         # End state: every ideal node owns (owned before or copied to once), every non-ideal copy dropped once.
-        copied = np.bincount(pos[is_copy], minlength=k)
-        dropped_keys, drops = np.unique(src_key[is_drop], return_counts=True)
-        if dropped_keys.size:
-            at = _lookup(dropped_keys, src_key)
-            wrong |= is_drop & (drops[np.maximum(at, 0)] > 1)
-        ideal_owning = np.bincount(_lookup(planned, owning_keys[_lookup(ideal_keys, owning_keys) >= 0] // nn) + 1,
-                                   minlength=k + 1)[1:]
-        extra = np.bincount(_lookup(planned, held_keys[_lookup(ideal_keys, held_keys) < 0] // nn) + 1,
-                            minlength=k + 1)[1:]
-        end_bad = (ideal_owning + copied != target) | (np.bincount(pos[is_drop], minlength=k) != extra)
-        wrong |= end_bad[pos]
-        problems += bad_parts(steps.take(pa.array(order)), wrong)
-    if problems:
-        raise KernelInvariantError(_describe(min(problems), d))
+        planned = np.bincount(sq, minlength=n) > 0
+        ideal_owning = np.bincount(owning_keys[_lookup(ideal_keys, owning_keys) >= 0] // nn, minlength=n)
+        extra = np.bincount(held_keys[_lookup(ideal_keys, held_keys) < 0] // nn, minlength=n)
+        copied = np.bincount(sq[is_copy], minlength=n)
+        wrong |= planned & ((ideal_owning + copied != target) | (np.bincount(sq[is_drop], minlength=n) != extra))
+    return np.flatnonzero(wrong).astype(np.int64)
 
 
 def _describe(part: tuple[str, int], d: Decisions) -> str:
@@ -1051,7 +1092,7 @@ def _describe(part: tuple[str, int], d: Decisions) -> str:
         ) or "none"
 
     before = rows(d.partition_map, ["node_id", "state", "update_counter"])
-    plan = rows(d.steps, ["step", "action", "source_node", "target_node"])
+    plan = rows(d.steps.sort_by("step"), ["step", "action", "source_node", "target_node"])
     after = rows(d.ideal_assignment, ["replica_index", "node_id"])
     return (
         f"the exchange's decisions for group {g!r} partition {p} break the safety invariant: a step would lower "

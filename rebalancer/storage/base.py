@@ -721,6 +721,22 @@ class Warehouse(abc.ABC):
         found = self.changes(name, since)
         return found.rows.toArrow(), found.version
 
+    def replace_where_many(
+        self,
+        frames: Mapping[str, DataFrame],
+        where: Mapping[str, WhereValue],
+        committed: Callable[[str], None] | None = None,
+    ) -> None:
+        """:meth:`replace_where` of several tables with one ``where``: one commit per table, in ``frames`` order.
+
+        Engines may compute every table's data files in one Spark job before the first commit (delta-rs does);
+        ``committed`` is called with each table's name right after its commit.
+        """
+        for name, df in frames.items():
+            self.replace_where(name, df, where)
+            if committed is not None:
+                committed(name)
+
     # ---- writes from the driver (small tables: per node, per group, one exchange) ----
     def append_arrow(self, name: str, rows: pa.Table) -> None:
         """:meth:`append` for rows already on the driver (the delta-rs engine writes them without a Spark job)."""

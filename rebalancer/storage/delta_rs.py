@@ -26,12 +26,13 @@ Why this shape (measured facts in FIELD-NOTES.md):
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,7 @@ from rebalancer.storage.errors import (
 __all__ = ["DeltaRsWarehouse", "file_stats", "file_may_match", "local_root"]
 
 _WHERE_MARKER = "rebalancer-where-mismatch"
+_WRITTEN = pa.schema([("table", pa.int32()), ("path", pa.string()), ("rows", pa.int64())])
 _NULL_MARKER = "rebalancer-null-violation"
 _INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
 
@@ -447,6 +449,114 @@ class DeltaRsWarehouse(Warehouse):
         if not parts:
             return schema.empty_table().append_column(COMMIT_COLUMN, pa.array([], pa.int64())), now
         return pa.concat_tables(parts), now
+
+    def replace_where_many(
+        self,
+        frames: Mapping[str, DataFrame],
+        where: Mapping[str, WhereValue],
+        committed: Callable[[str], None] | None = None,
+    ) -> None:
+        names = list(frames)
+        staged = self._stage_many(frames, where)
+        try:
+            for name in names:
+                self._replace_staged(name, staged.pop(name), where)
+                if committed is not None:
+                    committed(name)
+        finally:
+            for rest in staged.values():
+                rest.discard()
+
+    def _stage_many(self, frames: Mapping[str, DataFrame], where: Mapping[str, WhereValue]) -> dict[str, _Staged]:
+        """Every frame's rows as parquet files in a fresh directory of its table, written in ONE Spark job.
+
+        The frames are tagged and unioned; each Python worker writes, per table, one file of the rows it holds
+        (``pyarrow.parquet``, the table's stored schema) and returns the file names; the driver reads the footers.
+        """
+        names = list(frames)
+        relative = f"rb-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
+        directories, schemas, tagged = {}, {}, []
+        for i, name in enumerate(names):
+            snapshot = self._open_for_write(name)
+            stored = _stored_schema(snapshot)
+            rows = conform(frames[name], stored, name, optional=_optional_columns(name, snapshot))
+            if where:
+                rows = _guard_where(rows, where, where_predicate(where, stored, name), name)
+            directories[name] = os.path.join(self.path_of(name), relative)
+            schemas[name] = (stored, to_arrow_schema(stored, timezone="UTC"))
+            tagged.append(rows.select(F.lit(i).cast("int").alias("__table"), F.struct(*rows.columns).alias(f"t{i}")))
+        union = functools.reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), tagged)
+        arrow_schemas = {i: schemas[name][1] for i, name in enumerate(names)}
+        dirs = {i: directories[name] for i, name in enumerate(names)}
+
+        def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            open_files: dict[int, tuple[pq.ParquetWriter, str, int]] = {}
+            for batch in batches:
+                table_ids = batch.column("__table")
+                for i, schema in arrow_schemas.items():
+                    part = batch.filter(pc.equal(table_ids, i))
+                    if part.num_rows == 0:
+                        continue
+                    rows = pa.Table.from_struct_array(part.column(f"t{i}")).cast(schema)
+                    if i not in open_files:
+                        os.makedirs(dirs[i], exist_ok=True)
+                        path = os.path.join(dirs[i], f"part-{uuid.uuid4()}.c000.snappy.parquet")
+                        open_files[i] = (pq.ParquetWriter(path, schema, compression="snappy"), path, 0)
+                    writer, path, count = open_files[i]
+                    writer.write_table(rows)
+                    open_files[i] = (writer, path, count + rows.num_rows)
+            for i, (writer, path, count) in open_files.items():
+                writer.close()
+                yield pa.RecordBatch.from_pylist([{"table": i, "path": path, "rows": count}], schema=_WRITTEN)
+
+        staged = {name: _Staged(directory=directories[name]) for name in names}
+        try:
+            written = union.mapInArrow(write, "table int, path string, rows long").toArrow().to_pylist()
+        except Exception as exc:
+            for s_ in staged.values():
+                s_.discard()
+            text = str(exc)
+            if _WHERE_MARKER in text:
+                raise WhereMismatchError(
+                    f"replace_where was given rows outside {where_sql(where)}; filter the DataFrames to those rows."
+                ) from None
+            raise
+        for row in written:
+            name = names[row["table"]]
+            metadata = pq.read_metadata(row["path"])
+            info = os.stat(row["path"])
+            staged[name].adds.append(
+                AddAction(
+                    path=f"{relative}/{os.path.basename(row['path'])}",
+                    size=info.st_size,
+                    partition_values={},
+                    modification_time=int(info.st_mtime * 1000),
+                    data_change=True,
+                    stats=json.dumps(file_stats(metadata, schemas[name][0]), separators=(",", ":")),
+                )
+            )
+        return staged
+
+    def _replace_staged(self, name: str, staged: _Staged, where: Mapping[str, WhereValue]) -> None:
+        """Commit staged files as ``replace_where(name, ..., where)`` (the rows they hold replace ``where``'s)."""
+        operation = f"replace_where {where_sql(where)}"
+
+        def attempt() -> bool:
+            latest = self._open_for_write(name)
+            stored = _stored_schema(latest)
+            predicate = where_predicate(where, stored, name)
+            files = self._files(latest)
+            candidates = [f for f in files if file_may_match(f.row, where)] if where else files
+            return self._commit_rewrite(
+                name,
+                latest,
+                removed=self._files_matching(latest, candidates, predicate) if where else candidates,
+                added=staged.adds,
+                survivors=(lambda old: old.filter(~predicate)) if where else None,
+                operation=operation,
+            )
+
+        self._run_rewrite(name, staged, attempt)
 
     # ---- writes from the driver ----
     def append_arrow(self, name: str, rows: pa.Table) -> None:
