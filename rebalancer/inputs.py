@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from rebalancer.config import Settings
-from rebalancer.exchange.versions import Event, NodeInfo, Rejection, TopologyState, late_events
+from rebalancer.exchange.events import Event, NodeInfo, Rejection, TopologyState, late_events
 from rebalancer.storage import Warehouse
 from rebalancer.tables import INPUT_TABLES, REJECTED_ROWS
 from rebalancer.validation import (
@@ -38,7 +38,10 @@ from rebalancer.validation import (
 )
 from rebalancer.vocabulary import COPY_KEY
 
-__all__ = ["Committed", "Inputs", "Reports", "last_committed", "read_inputs", "record_rejections", "validate_reports"]
+__all__ = [
+    "Committed", "Inputs", "Reports", "last_committed", "latest_version", "read_inputs", "record_rejections",
+    "validate_reports",
+]
 
 #: The input tables read incrementally (the others are read whole).
 INCREMENTAL = ("topology_events", "partition_reports")
@@ -69,6 +72,12 @@ class Committed:
     @property
     def version(self) -> tuple[int, int]:
         return (self.state.major, self.state.minor)
+
+
+def latest_version(warehouse: Warehouse) -> tuple[int, int] | None:
+    """The newest committed topology version (the one whose ``exchanges`` row exists), or None."""
+    exchanges = warehouse.read_arrow("exchanges").select(["topology_major", "topology_minor"]).to_pylist()
+    return max(((r["topology_major"], r["topology_minor"]) for r in exchanges), default=None)
 
 
 def last_committed(warehouse: Warehouse) -> Committed | None:

@@ -2,7 +2,7 @@
 
 1. **Inputs** (:mod:`rebalancer.inputs`): the newest committed version, and what the input tables gained since
    (validated; bad rows recorded once in ``rejected_rows``). Pending events become the exchanges to commit
-   (:mod:`rebalancer.exchange.versions`); with none pending, a ``LATE_AFFINITY_SWITCH`` is committed when the
+   (:mod:`rebalancer.exchange.events`); with none pending, a ``LATE_AFFINITY_SWITCH`` is committed when the
    partitions waiting for it are ready.
 2. **Which partitions can change** (:func:`_unsettled`): those the previous version left unstable (with plan
    steps, lost, or in conflict), those with new reports, those with a copy on a node that left, those whose ideal
@@ -58,7 +58,7 @@ from rebalancer.exchange.kernel import (
     KernelContext,
 )
 from rebalancer.exchange.stamps import STAMPS_SCHEMA, stamps_of
-from rebalancer.exchange.versions import ExchangeStep, NodeInfo, TopologyState, coordinator_of, plan_exchanges
+from rebalancer.exchange.events import ExchangeStep, NodeInfo, TopologyState, coordinator_of, plan_exchanges
 from rebalancer.inputs import (
     Committed,
     Inputs,

@@ -169,6 +169,12 @@ MIGRATION_PLAN = _schema(
     # beyond SPEC: how a COPY moves its data (entries | files) and, for files, how many page-aligned chunks
     ("transfer", S),
     ("chunks", INT),
+    # beyond SPEC, what the scheduler decided from: every owner that could supply a COPY, the serving primary,
+    # the partition's OWNING copies when planned and its ideal copy count (a committed plan can be re-scheduled)
+    ("candidates", ArrayType(S)),
+    ("primary_node", S),
+    ("owners", INT),
+    ("replicas", INT),
 )
 PARTITION_VERSIONS = _schema(
     *_VERSION, ("group_name", S), ("partition_id", INT), ("partition_version", L)

@@ -54,18 +54,22 @@ from pyspark.sql.types import (
 
 from rebalancer.storage.base import COMMIT_COLUMN
 from rebalancer.tables import INPUT_TABLES, REJECTED_ROWS
+from rebalancer.vocabulary import (
+    AFFINITIES,
+    EVENT_TYPES,
+    GROUP_EVENTS,
+    LOSS_POLICIES,
+    MAX_PARTITIONS,
+    MODES,
+    NODE_EVENTS,
+    OWNING,
+    PARTITIONERS,
+    READ_WRITE_SAFE,
+    STATES,
+)
 
 __all__ = [
     "ROW_COLUMN",
-    "AFFINITIES",
-    "EVENT_TYPES",
-    "GROUP_EVENTS",
-    "LOSS_POLICIES",
-    "MAX_PARTITIONS",
-    "MODES",
-    "NODE_EVENTS",
-    "PARTITIONERS",
-    "STATES",
     "InputSchemaError",
     "InvalidInputError",
     "Consumer",
@@ -76,16 +80,6 @@ __all__ = [
     "with_defaults",
 ]
 
-# ---- SPEC section 2 enums and ranges ----
-MODES = ("PARTITIONED", "REPLICATED")
-AFFINITIES = ("rendezvous", "ignite")
-LOSS_POLICIES = ("READ_ONLY_SAFE", "READ_WRITE_SAFE", "IGNORE")
-PARTITIONERS = ("murmur3", "ignite", "hazelcast")
-NODE_EVENTS = ("NODE_JOINED", "NODE_LEFT", "NODE_FAILED")
-GROUP_EVENTS = ("CACHE_STARTED", "CACHE_STOPPED", "RESET_LOST_PARTITIONS")
-EVENT_TYPES = NODE_EVENTS + GROUP_EVENTS
-STATES = ("OWNING", "MOVING", "RENTING", "EVICTED", "LOST")
-MAX_PARTITIONS = 65536
 
 _UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 _STRICT_EXAMPLES = 3
@@ -621,7 +615,7 @@ def _counter_regression(previous_max: Column, previous_seq: Column) -> _Rule:
         ") with no MOVING, RENTING, EVICTED or LOST report in between; the counter of a persistent OWNING copy"
         " never decreases",
     )  # fmt: skip
-    applies = _clean() & (F.col("state") == "OWNING") & F.coalesce(F.col(_GROUP_PERSISTENT), F.lit(False))
+    applies = _clean() & (F.col("state") == OWNING) & F.coalesce(F.col(_GROUP_PERSISTENT), F.lit(False))
     return _rule(applies & (F.col("update_counter") < previous_max), message)
 
 
@@ -869,8 +863,8 @@ def _check_partition_reports(
     # Counter regressions, judged among the reports that broke no rule above: a run of consecutive OWNING reports
     # of one copy ("segment") ends at any other state; inside a run the counter must not decrease.
     by_seq = Window.partitionBy(*_COPY).orderBy("report_seq")
-    owning = _clean() & (F.col("state") == "OWNING")
-    resets = F.sum(F.when(_clean() & (F.col("state") != "OWNING"), 1).otherwise(0))
+    owning = _clean() & (F.col("state") == OWNING)
+    resets = F.sum(F.when(_clean() & (F.col("state") != OWNING), 1).otherwise(0))
     frame_df = frame_df.withColumn(
         _SEGMENT, resets.over(by_seq.rowsBetween(Window.unboundedPreceding, Window.currentRow))
     )
@@ -1022,7 +1016,7 @@ def with_defaults(name: str, valid_df: DataFrame) -> DataFrame:
             "mode": F.coalesce(F.col("mode"), F.lit("PARTITIONED")),
             "affinity": affinity,
             "exclude_neighbors": F.coalesce(F.col("exclude_neighbors"), F.lit(False)),
-            "loss_policy": F.coalesce(F.col("loss_policy"), F.lit("READ_WRITE_SAFE")),
+            "loss_policy": F.coalesce(F.col("loss_policy"), F.lit(READ_WRITE_SAFE)),
             "persistent": F.coalesce(F.col("persistent"), F.lit(True)),
             "partitioner": F.coalesce(
                 F.col("partitioner"), F.when(affinity == "ignite", "ignite").otherwise("murmur3")

@@ -395,7 +395,7 @@ def test_empty_cluster_commits_every_partition_lost_and_nothing_to_assign(
 
 
 def test_late_event_reason_names_the_seq_to_append_above() -> None:
-    from rebalancer.exchange.versions import Event, late_events
+    from rebalancer.exchange.events import Event, late_events
 
     [rejection] = late_events([Event(3, "NODE_JOINED", node_id="n3")], 6)
     assert rejection.event.event_seq == 3

@@ -32,7 +32,6 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
-from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.affinity.assign import (
     MAX_PARTITIONS,
     InvalidGroupSettingsError,
@@ -40,6 +39,7 @@ from rebalancer.affinity.assign import (
     normalise_affinity,
     normalise_mode,
 )
+from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.config import AffinitySettings
 
 __all__ = ["IDEAL_ASSIGNMENT_STAGE", "GroupAffinity", "ideal_assignment"]

@@ -53,7 +53,7 @@ def stage_schema(table_name: str) -> StructType:
     return StructType([f for f in schema_of(table_name).fields if f.name not in VERSION_COLUMNS])
 
 
-MAP_SCHEMA = stage_schema("partition_map")
+MAP_SCHEMA = StructType([f for f in stage_schema("partition_map").fields if f.name != "wal_history_counter"])
 REPORT_SCHEMA = schema_of("partition_reports")
 
 

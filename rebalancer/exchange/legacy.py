@@ -3,7 +3,7 @@
 Order of work for each exchange (each step is a pure stage; this module only wires them and does the I/O):
 
 1. validate inputs (bad rows -> ``rejected_rows``, once each), plan exchanges from pending events
-   (:mod:`rebalancer.exchange.versions`);
+   (:mod:`rebalancer.exchange.events`);
 2. ideal assignment of the running groups over alive servers (:mod:`rebalancer.affinity.ideal`);
 3. full map: previous map on alive nodes + reports newer than the previous version consumed
    (:mod:`rebalancer.exchange.fullmap`);
@@ -35,7 +35,7 @@ from rebalancer.affinity.ideal import ideal_assignment
 from rebalancer.config import Settings
 from rebalancer.exchange import counters, demands, fullmap, late_affinity, lost, routing, settled
 from rebalancer.exchange.fullmap import PARTITION_KEY
-from rebalancer.exchange.versions import (
+from rebalancer.exchange.events import (
     Event,
     ExchangeStep,
     NodeInfo,
@@ -192,7 +192,7 @@ def _groups_frame(spark: SparkSession, names: frozenset[str]) -> DataFrame:
 
 def _previous(warehouse: Warehouse, prev: _Committed | None, name: str) -> DataFrame:
     """Table ``name`` at the previous committed version, without version columns (empty before the first)."""
-    df = warehouse.read(name)
+    df = warehouse.read(name).drop("wal_history_counter")  # a column the multi-stage path never wrote
     if prev is None:
         return df.limit(0).drop(*VERSION_COLUMNS)
     return at_version(df, (prev.state.major, prev.state.minor))
@@ -299,7 +299,10 @@ def _compute(
     if carry is not None:
         complete = {name: df.unionByName(carry.rows[name]) for name, df in computed.items()}
     stamps_df = versions.partition_stamps(complete["partition_versions"], groups_df)
-    routing_df = routing.client_affinity(complete["affinity_assignment"], groups_df)
+    assignment_done = complete["affinity_assignment"]
+    mappings = routing.fold(routing.routing_digests(assignment_done).toArrow().to_pylist(),
+                            [r.asDict() for r in groups_df.collect()])
+    routing_df = routing.client_affinity(assignment_done, mappings)
 
     with stage("counts"):
         plan_totals = plan_df.agg(

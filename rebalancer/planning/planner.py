@@ -62,7 +62,10 @@ SCHEDULER_COLUMNS = StructType(
     ]
 )
 # migration_plan without version columns, then the scheduler's inputs.
-PLAN_SCHEMA = StructType(stage_schema("migration_plan").fields + SCHEDULER_COLUMNS.fields)
+PLAN_SCHEMA = StructType(
+    [f for f in stage_schema("migration_plan").fields if f.name not in SCHEDULER_COLUMNS.names]
+    + SCHEDULER_COLUMNS.fields
+)
 # PLAN_SCHEMA with wave and times filled, plus the plan's makespan lower bound (the same on every row).
 SCHEDULED_PLAN_SCHEMA = StructType(PLAN_SCHEMA.fields + [StructField("plan_lower_bound_s", DoubleType())])
 
