@@ -45,6 +45,7 @@ from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.config import Settings
 from rebalancer.exchange import routing
 from rebalancer.exchange.batches import KINDS, OUTPUT_SCHEMA, SUMMARY, SUMMARY_COLUMNS, decide_stream
+from rebalancer.exchange.events import ExchangeStep, NodeInfo, TopologyState, coordinator_of, plan_exchanges
 from rebalancer.exchange.kernel import (
     ASSIGNMENT,
     DECISION_SCHEMAS,
@@ -58,7 +59,6 @@ from rebalancer.exchange.kernel import (
     KernelContext,
 )
 from rebalancer.exchange.stamps import STAMPS_SCHEMA, stamps_of
-from rebalancer.exchange.events import ExchangeStep, NodeInfo, TopologyState, coordinator_of, plan_exchanges
 from rebalancer.inputs import (
     Committed,
     Inputs,

@@ -34,7 +34,6 @@ from pyspark.sql import functions as F
 from rebalancer.affinity.ideal import ideal_assignment
 from rebalancer.config import Settings
 from rebalancer.exchange import counters, demands, fullmap, late_affinity, lost, routing, settled
-from rebalancer.exchange.fullmap import PARTITION_KEY
 from rebalancer.exchange.events import (
     Event,
     ExchangeStep,
@@ -45,6 +44,7 @@ from rebalancer.exchange.events import (
     late_events,
     plan_exchanges,
 )
+from rebalancer.exchange.fullmap import PARTITION_KEY
 from rebalancer.frames import at_version, scalar
 from rebalancer.planning import planner, versions
 from rebalancer.storage import Warehouse
