@@ -267,12 +267,12 @@ def scenario_plan(change: Change, seed: int = SEED) -> pa.Table:
 
 
 def synthetic_plan(steps: int, nodes: int, seed: int = 0) -> pa.Table:
-    """At least ``steps`` rows on ``nodes`` nodes (>= 5): per partition, 1-3 owners (candidates, the first is the
+    """``steps`` rows (>= 1) on ``nodes`` nodes (>= 5): per partition, 1-3 owners (candidates, the first is the
     primary), 1-2 COPYs from them to new nodes (1 MB to 2 GB, by entries or files), a PROMOTE of the first new node
     half of the time and a DROP of the last owner half of the time; owners of 3 replicas.
     """
-    if nodes < 5:
-        raise ValueError(f"nodes: expected at least 5, got {nodes}")
+    if nodes < 5 or steps < 1:
+        raise ValueError(f"expected steps >= 1 and nodes >= 5, got {steps} and {nodes}")
     rng = np.random.default_rng(seed)
     parts = steps // 2 + 16
     while True:
@@ -284,6 +284,12 @@ def synthetic_plan(steps: int, nodes: int, seed: int = 0) -> pa.Table:
         if per_part.sum() >= steps:
             break
         parts *= 2
+    # exactly `steps` rows: the partitions needed, the last one cut after its first steps
+    total_before = np.concatenate([[0], np.cumsum(per_part)])
+    parts = int(np.searchsorted(total_before, steps))
+    owners, n_copies, promote, drop = owners[:parts], n_copies[:parts], promote[:parts], drop[:parts]
+    per_part = per_part[:parts].copy()
+    per_part[-1] = steps - total_before[parts - 1]
     # five distinct nodes per partition: owners first, then the new nodes
     picked = np.argsort(rng.random((parts, nodes)), axis=1)[:, :5] if nodes <= 64 else _distinct(rng, parts, nodes)
     names = np.array([f"node{i:04d}" for i in range(nodes)], dtype=object)

@@ -46,7 +46,8 @@ Policies (:data:`POLICIES`)
 
     ``ours``
         The shortest of three list schedules (the first on a tie), each simulated in full; one is abandoned as
-        soon as it runs past the shortest so far. All three put first the partitions SPEC 4 sends first
+        soon as it runs past the shortest so far, and the second is left out when no node has a direction limit
+        (it would be the first). All three put first the partitions SPEC 4 sends first
         (*urgent*: ``owners < replicas`` or ``owners <= 1``), so at every instant the urgent ready steps are
         offered the free slots before any other: no other step takes a slot an urgent ready step could use.
 
@@ -759,12 +760,16 @@ def _hazelcast(p: _Plan) -> _Candidate:
 def _ours(p: _Plan, model: CostModel, solo: np.ndarray) -> _Run:
     """``ours``: the shortest of its candidate list schedules (module docstring, "Policies"), the first on a tie.
 
-    A candidate is abandoned as soon as it runs past the shortest makespan so far.
+    A candidate is abandoned as soon as it runs past the shortest makespan so far; the slots-only one is not run
+    when no node has a direction limit (it would be the balanced one).
     """
     loads = _NodeLoads.of(p, model, solo)
     rank = _slack_rank(p, loads)
     best = _simulate(p, model, _Candidate(rank, p.pool_node, p.pool_start, loads.pinned, loads.limits), solo)
-    for cand in (_Candidate(rank, p.pool_node, p.pool_start, loads.pinned), _ordered(p)):
+    others = [_ordered(p)]
+    if np.isfinite(loads.limits).any():  # else the balanced schedule has no direction limit: the same as slots only
+        others.insert(0, _Candidate(rank, p.pool_node, p.pool_start, loads.pinned))
+    for cand in others:
         run = _simulate(p, model, cand, solo, horizon=best.makespan)
         if run.makespan < best.makespan:
             best = run
