@@ -155,9 +155,11 @@ __all__ = [
     "PLAN_INPUT_SCHEMA",
     "POLICIES",
     "SCHEDULED_SCHEMA",
+    "BoundTerms",
     "CostModel",
     "ScheduleInputError",
     "lower_bound",
+    "lower_bound_terms",
     "makespan",
     "schedule",
 ]
