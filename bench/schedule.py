@@ -118,7 +118,11 @@ def measure(name: tuple[str, str], plan: pa.Table, caps: tuple[int, ...], before
 
 
 def seconds(value: float) -> str:
-    """Makespans as the benchmark pages print them: ``1m51s`` from a minute, else ``58.1 s``."""
+    """Makespans as the benchmark pages print them: ``3h02m`` from an hour, ``1m51s`` from a minute, else
+    ``58.1 s``."""
+    if value >= 3600:
+        h, m = divmod(round(value / 60), 60)
+        return f"{h}h{m:02d}m"
     if value >= 60:
         m, s = divmod(round(value), 60)
         return f"{m}m{s:02d}s"

@@ -46,8 +46,7 @@ Policies (:data:`POLICIES`)
 
     ``ours``
         The shortest of three list schedules (the first on a tie), each simulated in full; one is abandoned as
-        soon as it runs past the shortest so far, and the second is left out when no node has a direction limit
-        (it would be the first). All three put first the partitions SPEC 4 sends first
+        soon as it runs past the shortest so far. All three put first the partitions SPEC 4 sends first
         (*urgent*: ``owners < replicas`` or ``owners <= 1``), so at every instant the urgent ready steps are
         offered the free slots before any other: no other step takes a slot an urgent ready step could use.
 
@@ -64,8 +63,13 @@ Policies (:data:`POLICIES`)
            drop many copies, such as a leaving one, from being every partition's supplier), then the fewest
            running COPYs sending from it, then the fewest bytes assigned, then ``node_id``. Direction-aware
            admission.
-        2. *balanced, slots only*: the same without direction-aware admission, which can starve a node whose
-           transfers are slowed by their other end (random plans with mixed streams).
+        2. *previous*: the order of the scheduler before issue 18, slots only: urgent first, fewer owners, steps
+           without a transfer first, then the larger *bottleneck load* (a node's load is the solo time of the
+           steps it must host plus an even share of the COPYs it may send; a step's, the largest over its nodes,
+           a COPY's source side at its least loaded candidate), then the longer solo time, then plan order; the
+           same source choice. It is that scheduler exactly, so ``ours`` is never longer than it was; it wins on
+           random plans whose nodes both send and receive at random, where direction limits can starve a node
+           whose transfers are slowed at their other end.
         3. *ordered*: urgent first, then ``(group_name, partition_id, step)``; a COPY reads from ``hazelcast``'s
            source when that is one of its candidates, else from its first open candidate; slots only. When the
            partitions are in one priority class and every COPY's ``hazelcast`` source is one of its candidates
@@ -74,11 +78,11 @@ Policies (:data:`POLICIES`)
            urgent first can cost time (one slot on ``a``; urgent ``a -> b`` 1 s; other partition ``a -> c`` 1 s
            then ``c -> d`` 10 s: urgent first ends at 12 s, partition order at 11 s).
 
-        What each rule is for, measured on the benchmark's plans (docs/PLANNING.md): sorting a node's COPYs
-        longest first (the previous rule 5) made equal-size transfers start and end together, so their
-        successors' overheads coincided and a receiving node's link idled: 10-12% over the bound after the
-        XL / XXL failures. Ranking by a static "bottleneck load" (the previous rule 4) exhausted the work of the
-        most loaded node's pairs first and left idle nodes at the end at cap 1 (26% over the bound on M).
+        What each rule of *balanced* is for, measured on the benchmark's plans (docs/PLANNING.md): sorting a
+        node's COPYs longest first (the previous order's fifth rule) made equal-size transfers start and end
+        together, so their successors' overheads coincided and a receiving node's link idled: 10-12% over the
+        bound after the XL / XXL failures. Ranking by the static bottleneck load (its fourth) exhausted the
+        work of the most loaded node's pairs first and left idle nodes at the end at cap 1 (26% over on M).
         Admitting by slots only let one direction fill a node's slots (cap 20, 19% over) and slowed transfers
         below their stream rate where slots were scarce (cap 10, 4.5%).
     ``hazelcast``
@@ -136,9 +140,9 @@ Implementation
     pair holds waiting steps only while one of its nodes is closed (for a COPY: the target's slots or inbound
     direction, the candidate's slots or outbound direction), so when a node opens only its pairs with an open
     partner are looked at (an intersection with the set of open nodes), merged in priority order; every waiting
-    step taken out starts. Scheduling time is dominated by this event loop, one Python step per event: on 2
-    cores, the XXL failure plan (1,824 steps) in about 0.3 s, 250,000 synthetic steps on 1,000 nodes in about
-    60 s for the three candidates (docs/PLANNING.md has the measured figures).
+    step taken out starts. Scheduling time is this event loop, in Python, once per candidate: measured on 2
+    cores, the XXL failure plan (1,824 steps) takes 0.05-0.34 s of CPU, a synthetic plan of 1,000,000 steps on
+    1,000 nodes about 300 s (docs/PLANNING.md, "Speed").
 """
 
 from __future__ import annotations
@@ -762,16 +766,12 @@ def _hazelcast(p: _Plan) -> _Candidate:
 def _ours(p: _Plan, model: CostModel, solo: np.ndarray) -> _Run:
     """``ours``: the shortest of its candidate list schedules (module docstring, "Policies"), the first on a tie.
 
-    A candidate is abandoned as soon as it runs past the shortest makespan so far; the slots-only one is not run
-    when no node has a direction limit (it would be the balanced one).
+    A candidate is abandoned as soon as it runs past the shortest makespan so far.
     """
     loads = _NodeLoads.of(p, model, solo)
-    rank = _slack_rank(p, loads)
-    best = _simulate(p, model, _Candidate(rank, p.pool_node, p.pool_start, loads.pinned, loads.limits), solo)
-    others = [_ordered(p)]
-    if np.isfinite(loads.limits).any():  # else the balanced schedule has no direction limit: the same as slots only
-        others.insert(0, _Candidate(rank, p.pool_node, p.pool_start, loads.pinned))
-    for cand in others:
+    best = _simulate(p, model, _Candidate(_slack_rank(p, loads), p.pool_node, p.pool_start, loads.pinned,
+                                          loads.limits), solo)
+    for cand in (_Candidate(_bottleneck_rank(p, loads, solo), p.pool_node, p.pool_start, loads.pinned), _ordered(p)):
         run = _simulate(p, model, cand, solo, horizon=best.makespan)
         if run.makespan < best.makespan:
             best = run
@@ -858,6 +858,28 @@ def _slack_rank(p: _Plan, loads: _NodeLoads) -> np.ndarray:
     slack = np.minimum(slack, np.where(np.isfinite(relaxed), relaxed, np.inf))
     rank = np.empty(p.n, dtype=np.int64)
     rank[np.lexsort((position, slack, p.action == _A_COPY, p.owners, ~_urgent(p)))] = np.arange(p.n, dtype=np.int64)
+    return rank
+
+
+def _bottleneck_rank(p: _Plan, loads: _NodeLoads, solo: np.ndarray) -> np.ndarray:
+    """Dispatch rank of the *previous* order (module docstring, "Policies"): urgent partitions first, then fewer
+    owners, steps without a transfer before COPYs, then the larger bottleneck load, then the longer solo time, then
+    ``(group_name, partition_id, step)``. A node's load is the solo time of its pinned steps plus an even share of
+    the COPYs it may send; a step's bottleneck load the largest over the nodes it touches, a COPY's source side
+    counted at its least loaded candidate."""
+    nn = len(p.nodes)
+    is_copy = p.action == _A_COPY
+    rows = _pool_rows(p)
+    load = loads.pinned + np.bincount(p.pool_node, weights=solo[rows] / np.diff(p.pool_start)[rows], minlength=nn)
+    least = np.full(p.n, np.inf)
+    np.minimum.at(least, rows, load[p.pool_node])
+    target = np.where(p.tgt >= 0, load[np.maximum(p.tgt, 0)], 0.0)
+    bottleneck = np.where(is_copy, np.maximum(target, least), load[p.src])
+    promote = p.action == _A_PROMOTE
+    bottleneck[promote] = np.maximum(load[p.src[promote]], load[p.tgt[promote]])
+    rank = np.empty(p.n, dtype=np.int64)
+    order = np.lexsort((_positions(p), -solo, -bottleneck, is_copy, p.owners, ~_urgent(p)))
+    rank[order] = np.arange(p.n, dtype=np.int64)
     return rank
 
 
