@@ -141,8 +141,8 @@ Implementation
     direction, the candidate's slots or outbound direction), so when a node opens only its pairs with an open
     partner are looked at (an intersection with the set of open nodes), merged in priority order; every waiting
     step taken out starts. Scheduling time is this event loop, in Python, once per candidate: measured on 2
-    cores, the XXL failure plan (1,824 steps) takes 0.05-0.34 s of CPU, a synthetic plan of 1,000,000 steps on
-    1,000 nodes about 300 s (docs/PLANNING.md, "Speed").
+    cores, the XXL failure plan (1,824 steps) takes 0.06-0.31 s of CPU, a synthetic plan of 1,000,000 steps on
+    1,000 nodes 262 s (docs/PLANNING.md, "Speed").
 """
 
 from __future__ import annotations
