@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -67,7 +68,7 @@ class Committed:
     merged_event_seqs: frozenset[int]
     max_report_seq: int | None
     input_versions: Mapping[str, int]
-    row: Mapping[str, object] = field(default_factory=dict)
+    row: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def version(self) -> tuple[int, int]:

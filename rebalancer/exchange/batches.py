@@ -13,6 +13,7 @@ No Spark import: tests feed it batches directly.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -65,7 +66,7 @@ def to_long(decisions: Decisions, summary: dict[str, int]) -> pa.Table:
         }
         kind = pa.array(np.full(table.num_rows, KINDS[name], np.int8))
         parts.append(pa.table({"kind": kind, **columns}, schema=OUTPUT_SCHEMA))
-    row = {f.name: [None] for f in OUTPUT_SCHEMA}
+    row: dict[str, list[Any]] = {f.name: [None] for f in OUTPUT_SCHEMA}
     row["kind"] = [SUMMARY]
     for name in SUMMARY_COLUMNS:
         row[name] = [int(summary[name])]

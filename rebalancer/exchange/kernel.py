@@ -534,8 +534,11 @@ def _slots(copies: _Copies, ideal: _Ideal, nodes: _Nodes) -> _Slots:
     ii = _lookup(ideal_key[ii_sorted], keys)
     is_copy, is_ideal = ci >= 0, ii >= 0
     safe_ci = np.where(is_copy, ci, 0)
-    filled = copies.take(safe_ci) if copies.q.size else _Copies(*(np.zeros(n, np.int64) for _ in range(7)),
-                                                                 np.zeros(n, bool))
+    if copies.q.size:
+        filled = copies.take(safe_ci)
+    else:
+        zeros = np.zeros(n, np.int64)
+        filled = _Copies(zeros, zeros, zeros, zeros, zeros, zeros, zeros, np.zeros(n, bool))
     q = keys // nn
     rank_to_code = np.argsort(nodes.rank)
     node = rank_to_code[keys % nn]
@@ -941,7 +944,8 @@ def _steps_table(batch: _Batch, st: _Steps, nodes: _Nodes) -> pa.Table:
     def lists(values: pa.Array) -> pa.Array:
         return pa.ListArray.from_arrays(offsets, values, mask=pa.array(~is_copy))
 
-    mode = np.where(is_copy, np.where(st.historical, HISTORICAL, FULL), None)
+    mode = np.full(st.q.size, None, dtype=object)
+    mode[is_copy] = np.where(st.historical[is_copy], HISTORICAL, FULL)
     return _keyed(batch, st.q, {
         "step": pa.array(st.step, pa.int32()),
         "action": pa.array(st.action.tolist(), pa.string()),

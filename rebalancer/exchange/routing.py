@@ -29,7 +29,7 @@ Export (:func:`export_rows_to_json`, pure Python): the committed ``client_affini
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +44,7 @@ from rebalancer.tables import CLIENT_AFFINITY, VERSION_COLUMNS
 __all__ = [
     "CLIENT_AFFINITY_STAGE",
     "DIGEST_LANES",
-    "Mapping",
+    "ClientMapping",
     "fold",
     "routing_digests",
     "ROUTING_FORMAT",
@@ -122,7 +122,7 @@ def routing_digests(assignment_df: DataFrame) -> DataFrame:
 
 
 @dataclass(frozen=True)
-class Mapping:
+class ClientMapping:
     """One client mapping: the groups that route identically, named by the smallest (the lead)."""
 
     mapping_id: int
@@ -133,7 +133,7 @@ class Mapping:
         return self.group_names[0]
 
 
-def fold(digests: Iterable[dict[str, Any]], groups: Iterable[dict[str, Any]]) -> list[Mapping]:
+def fold(digests: Iterable[dict[str, Any]], groups: Iterable[dict[str, Any]]) -> list[ClientMapping]:
     """Groups with identical routing folded into mappings (pure Python over one row per group).
 
     Args:
@@ -156,10 +156,10 @@ def fold(digests: Iterable[dict[str, Any]], groups: Iterable[dict[str, Any]]) ->
             key = (*settings[name], *(int(d[lane]) for lane in DIGEST_LANES))
             classes.setdefault(key, []).append(name)
     members = sorted(tuple(sorted(names)) for names in classes.values())
-    return [Mapping(i, names) for i, names in enumerate(members)]
+    return [ClientMapping(i, names) for i, names in enumerate(members)]
 
 
-def client_affinity(assignment_df: DataFrame, mappings: Sequence[Mapping]) -> DataFrame:
+def client_affinity(assignment_df: DataFrame, mappings: Sequence[ClientMapping]) -> DataFrame:
     """The client mappings' rows: each mapping's partitions from its lead group's late assignment.
 
     Args:

@@ -99,7 +99,8 @@ def finish_plan(steps: pa.Table, settings: MigrationSettings) -> pa.Table:
     gap = (_ints(steps, "to_counter") - _ints(steps, "from_counter")).astype(np.float64)
     replay = np.maximum(1, np.ceil(sup_bytes.astype(np.float64) * gap / np.maximum(sup_size, 1))).astype(np.int64)
     nbytes = np.where(is_copy, np.where(historical, replay, sup_bytes), 0)
-    transfer = np.where(is_copy, np.where(historical, ENTRIES, settings.full_rebalance), None)
+    transfer = np.full(n, None, dtype=object)
+    transfer[is_copy] = np.where(historical[is_copy], ENTRIES, settings.full_rebalance)
     files = transfer == FILES
     chunks = np.where(files, -(-nbytes // settings.file_chunk_bytes), 0)
     sources = steps.column("source_node").combine_chunks() if n else pa.array([], pa.string())

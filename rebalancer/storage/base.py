@@ -745,7 +745,7 @@ class Warehouse(abc.ABC):
 
     def replace_where_arrow(self, name: str, rows: pa.Table, where: Mapping[str, WhereValue]) -> None:
         """:meth:`replace_where` for rows already on the driver."""
-        self.replace_where(name, self.spark.createDataFrame(rows, schema=tables.SCHEMAS.get(name)), where)
+        self.replace_where(name, self.spark.createDataFrame(rows, schema=tables.SCHEMAS[name]), where)
 
     def insert_absent_arrow(self, name: str, rows: pa.Table, keys: Sequence[str]) -> None:
         """Insert the rows whose ``keys`` are not in the table yet, in one commit (an insert-only :meth:`merge`).
@@ -753,7 +753,7 @@ class Warehouse(abc.ABC):
         Two concurrent calls inserting the same key insert it once: the loser's commit conflicts, and its retry
         finds the key present.
         """
-        self.merge(name, self.spark.createDataFrame(rows, schema=tables.SCHEMAS.get(name)), keys, insert_only=True)
+        self.merge(name, self.spark.createDataFrame(rows, schema=tables.SCHEMAS[name]), keys, insert_only=True)
 
     # ---- writes ----
     @abc.abstractmethod
