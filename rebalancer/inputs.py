@@ -29,14 +29,8 @@ from rebalancer.config import Settings
 from rebalancer.exchange.events import Event, NodeInfo, Rejection, TopologyState, late_events
 from rebalancer.storage import Warehouse
 from rebalancer.tables import INPUT_TABLES, REJECTED_ROWS
-from rebalancer.validation import (
-    ROW_COLUMN,
-    Consumer,
-    InvalidInputError,
-    References,
-    Validated,
-    validate_inputs,
-)
+from rebalancer.validation import ROW_COLUMN, Consumer, InvalidInputError, Validated, validate_inputs
+from rebalancer.validation_local import References, bad_reports, bad_small_tables, spec_typed
 from rebalancer.vocabulary import COPY_KEY
 
 __all__ = [
@@ -114,7 +108,9 @@ class Inputs:
         groups: the valid ``cache_groups`` rows (SPEC schema, Arrow).
         events: the valid new events not merged yet, by ``event_seq``.
         late: new valid events below the newest merged seq that no exchange merged: rejected as late.
-        new_reports: the reports committed since the last consumed version (raw), or None when there are none.
+        new_reports: the reports committed since the last consumed version (raw, Arrow), or None when there are
+            none or more than :data:`LOCAL_REPORTS` (then ``many_reports``).
+        many_reports: more new reports than :data:`LOCAL_REPORTS`: they are read and judged in Spark.
         versions: per input table, the Delta version read.
         rejected: the small tables' rows rejected by this run (``rejected_rows`` schema), to record.
     """
@@ -123,11 +119,16 @@ class Inputs:
     groups: pa.Table
     events: list[Event]
     late: list[Rejection]
-    new_reports: DataFrame | None
+    new_reports: pa.Table | None
+    many_reports: bool
     versions: dict[str, int]
     rejected: pa.Table
     references: References | None = None
     _reports_since: int | None = None
+
+    @property
+    def has_reports(self) -> bool:
+        return self.many_reports or self.new_reports is not None
 
     @property
     def node_catalog(self) -> dict[str, NodeInfo]:
@@ -143,10 +144,11 @@ class Reports:
 
     valid: DataFrame
     rejected: pa.Table
-    _validated: Validated
+    _validated: Validated | None = None
 
     def release(self) -> None:
-        self._validated.release()
+        if self._validated is not None:
+            self._validated.release()
 
 
 def read_inputs(
@@ -170,15 +172,25 @@ def read_inputs(
     versions: dict[str, int] = {}
     for name in ("cache_groups", "nodes", "topology_events"):
         rows, versions[name] = warehouse.changes_arrow(name, since.get(name) if name in INCREMENTAL else None)
+        assert rows is not None  # no max_rows: always read
         small[name] = rows.append_column(ROW_COLUMN, pa.array(range(rows.num_rows), pa.int64()))
-    changes = warehouse.changes("partition_reports", since.get("partition_reports"))
-    versions["partition_reports"] = changes.version
-    raw = {name: _local_frame(spark, table) for name, table in small.items()}
-    raw["partition_reports"] = _no_reports(warehouse)
-    validated = validate_inputs(raw, exchange_id=exchange_id, small=True)
-    rejected_all = validated.numbered.toArrow()
-    _raise_if_strict(settings, rejected_all)
-    valid_small = {name: _valid(name, table, rejected_all, validated) for name, table in small.items()}
+    reports_since = since.get("partition_reports")
+    new_reports, versions["partition_reports"] = warehouse.changes_arrow(
+        "partition_reports", reports_since, max_rows=LOCAL_REPORTS
+    )
+    verdict = _local_verdict(small)
+    if verdict is not None:  # every row is valid: no Spark job (the usual case)
+        valid_small = {name: _spec(name, table) for name, table in small.items()}
+        rejected_all = REJECTED_ARROW.empty_table()
+        references = verdict
+    else:
+        raw = {name: _local_frame(spark, table) for name, table in small.items()}
+        raw["partition_reports"] = _no_reports(warehouse)
+        validated = validate_inputs(raw, exchange_id=exchange_id, small=True)
+        rejected_all = validated.numbered.toArrow()
+        _raise_if_strict(settings, rejected_all)
+        valid_small = {name: _valid(name, table, rejected_all, validated) for name, table in small.items()}
+        references = _references(small, valid_small)
     events = [
         Event(r["event_seq"], r["event_type"], r["node_id"], r["group_name"])
         for r in valid_small["topology_events"].to_pylist()
@@ -192,12 +204,31 @@ def read_inputs(
         groups=valid_small["cache_groups"],
         events=pending,
         late=late,
-        new_reports=None if changes.known_empty else changes.rows,
+        new_reports=new_reports if new_reports is None or new_reports.num_rows else None,
+        many_reports=new_reports is None,
         versions=versions,
         rejected=rejected_all.select(REJECTED_ROWS.fieldNames()),
-        references=_references(small, valid_small),
-        _reports_since=since.get("partition_reports"),
+        references=references,
+        _reports_since=reports_since,
     )
+
+
+#: New reports up to this many are judged on the driver (``rebalancer.validation_local``); more go to Spark.
+LOCAL_REPORTS = 250_000
+REJECTED_ARROW = to_arrow_schema(REJECTED_ROWS, timezone="UTC")
+
+
+def _local_verdict(small: Mapping[str, pa.Table]) -> References | None:
+    """The reference facts when every row of the small tables is valid (judged on the driver), else None."""
+    if not all(spec_typed(name, table) for name, table in small.items()):
+        return None
+    bad, references = bad_small_tables(small)
+    return None if any(b.any() for b in bad.values()) else references
+
+
+def _spec(name: str, rows: pa.Table) -> pa.Table:
+    spec = to_arrow_schema(INPUT_TABLES[name], timezone="UTC")
+    return rows.select(spec.names).cast(spec)
 
 
 def _references(small: Mapping[str, pa.Table], valid: Mapping[str, pa.Table]) -> References:
@@ -230,19 +261,31 @@ def validate_reports(
     Raises:
         InvalidInputError: strict validation found bad rows.
     """
-    if inputs.new_reports is None:
+    if not inputs.has_reports:
         return None
-    new_reports = inputs.new_reports
-    stored = None
-    if inputs._reports_since is not None:
-        copies = new_reports.select(*COPY_KEY).distinct()
-        stored = warehouse.read("partition_reports", version=inputs._reports_since).join(
+    since = inputs._reports_since
+    if inputs.new_reports is not None and spec_typed("partition_reports", inputs.new_reports):
+        new = inputs.new_reports
+        stored = _stored_reports(warehouse, since, new) if since is not None else None
+        assert inputs.references is not None
+        bad = bad_reports(new, stored, inputs.references, consumer.alive, consumer.running)
+        if not bad.any():  # every report is valid: no Spark job to judge them
+            valid = spark.createDataFrame(_spec("partition_reports", new))
+            return Reports(valid, REJECTED_ARROW.empty_table())
+    if inputs.new_reports is not None:
+        new_df = spark.createDataFrame(inputs.new_reports)
+    else:
+        new_df = warehouse.changes("partition_reports", since).rows
+    stored_df = None
+    if since is not None:
+        copies = new_df.select(*COPY_KEY).distinct()
+        stored_df = warehouse.read("partition_reports", version=since).join(
             F.broadcast(copies), list(COPY_KEY), "left_semi"
         )
     raw = {name: warehouse.read_raw(name).limit(0) for name in ("cache_groups", "nodes", "topology_events")}
-    raw["partition_reports"] = new_reports
-    validated = validate_inputs(raw, exchange_id=exchange_id, persist=True, stored_reports=stored, consumer=consumer,
-                                references=inputs.references)
+    raw["partition_reports"] = new_df
+    validated = validate_inputs(raw, exchange_id=exchange_id, persist=True, stored_reports=stored_df,
+                                consumer=consumer, references=inputs.references)
     rejected = validated.rejected.where(F.col("table_name") == "partition_reports").toArrow()
     try:
         _raise_if_strict(settings, rejected)
@@ -250,6 +293,14 @@ def validate_reports(
         validated.release()
         raise
     return Reports(validated.valid["partition_reports"], rejected.select(REJECTED_ROWS.fieldNames()), validated)
+
+
+def _stored_reports(warehouse: Warehouse, since: int, new: pa.Table) -> pa.Table:
+    """The reports consumed at Delta version ``since`` of the copies ``new`` names (driver-side read)."""
+    stored = warehouse.read_arrow("partition_reports", version=since)
+    wanted = {tuple(r.values()) for r in new.select(list(COPY_KEY)).to_pylist()}
+    keys = zip(*(stored.column(c).to_pylist() for c in COPY_KEY), strict=True)
+    return stored.filter(pa.array([k in wanted for k in keys], pa.bool_()))
 
 
 def _raise_if_strict(settings: Settings, rejected: pa.Table) -> None:

@@ -305,7 +305,7 @@ class _Run:
 
     def reports_for(self, step: ExchangeStep, exchange_id: int) -> Reports | None:
         """The new reports validated for ``step``, the version that consumes them (once per run)."""
-        if self._reports is None and self.inputs.new_reports is not None:
+        if self._reports is None and self.inputs.has_reports:
             consumer = Consumer(
                 version=f"{step.major}.{step.minor}",
                 alive=tuple(sorted(n for n, i in step.alive.items() if not i.is_client)),
@@ -374,7 +374,7 @@ class _Run:
         t0 = time.perf_counter()
         version = (step.major, step.minor)
         exchange_id = (prev.exchange_id if prev else 0) + 1
-        consume = step.exchange_type != NONE and not self.reports_consumed and self.inputs.new_reports is not None
+        consume = step.exchange_type != NONE and not self.reports_consumed and self.inputs.has_reports
         reports = None
         with meter.stage("unsettled"):
             if step.exchange_type == NONE and prev is not None:
@@ -605,8 +605,8 @@ class _Run:
                 frames.append(out.where(F.col("kind") == KINDS[name]).select(*columns))
             if keep is not None and prev is not None:
                 frames.append(wh.read(name, where=_at(prev.version)).where(keep).select(*columns))
-            if not frames:
-                return wh.read(name).limit(0).select(*columns)
+            if not frames:  # no running group
+                frames.append(wh.read(name).limit(0).select(*columns))
             return _versioned(functools.reduce(DataFrame.unionByName, frames), version)
 
         def small_table(name: str, rows: pa.Table) -> pa.Table:

@@ -54,6 +54,7 @@ from pyspark.sql.types import (
 
 from rebalancer.storage.base import COMMIT_COLUMN
 from rebalancer.tables import INPUT_TABLES, REJECTED_ROWS
+from rebalancer.validation_local import References
 from rebalancer.vocabulary import (
     AFFINITIES,
     EVENT_TYPES,
@@ -733,19 +734,6 @@ def _group_references(groups_checked_df: DataFrame) -> DataFrame:
         .groupBy("group_name")
         .agg(F.max(facts).alias(_GROUP_REF))  # (true, ...) wins: at most one row per group_name is valid
     )
-
-
-@dataclass(frozen=True)
-class References:
-    """What the other tables know of each node and group, given by a caller that already validated them.
-
-    Attributes:
-        nodes: node_id -> (its row is valid, it is a client); every node_id of the ``nodes`` table.
-        groups: group_name -> (its row is valid, partitions, persistent); every group of ``cache_groups``.
-    """
-
-    nodes: Mapping[str, tuple[bool, bool]]
-    groups: Mapping[str, tuple[bool, int | None, bool]]
 
 
 def _with_references(

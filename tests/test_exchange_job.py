@@ -270,3 +270,14 @@ def test_two_concurrent_runs_commit_one_version_and_one_clear_error(spark: Any, 
     assert "committed by another run" in str(outcomes[1])
     assert len(c.rows("exchanges", (4, 0), "exchange_id")) == 1
     assert len(c.table("affinity_assignment", (4, 0)).collect()) == 6
+
+
+def test_stopping_the_only_group_commits_a_version_with_no_partition(spark: Any, tmp_path: Path) -> None:
+    c = steady_three_nodes(spark, tmp_path / "w")
+    c.event("CACHE_STOPPED", group="g")
+    [stopped] = c.exchange()
+    version = (stopped.topology_major, stopped.topology_minor)
+    assert (stopped.exchange_type, stopped.partitions) == ("CACHE_CHANGE", 0)
+    for name in ("ideal_assignment", "affinity_assignment", "partition_map", "client_affinity", "partition_stamps"):
+        assert c.rows(name, version) == set(), name
+    assert c.rows("topology", version, "node_id") == {("n1",), ("n2",), ("n3",)}

@@ -714,11 +714,20 @@ class Warehouse(abc.ABC):
             rows = (current.select(*declared.names) if declared else current).exceptAll(before)
         return TableChanges(rows.withColumn(COMMIT_COLUMN, F.lit(now).cast("bigint")), now)
 
-    def changes_arrow(self, name: str, since: int | None) -> tuple[pa.Table, int]:
+    def changes_arrow(
+        self, name: str, since: int | None, max_rows: int | None = None
+    ) -> tuple[pa.Table | None, int]:
         """:meth:`changes` of a small table, on the driver: the new rows as stored (every stored column, stored
         types) plus :data:`COMMIT_COLUMN`, and the table's latest version. The delta-rs engine needs no Spark job.
+
+        Args:
+            name: a table name.
+            since: as for :meth:`changes`.
+            max_rows: give up (return None for the rows) when there are more new rows than this.
         """
         found = self.changes(name, since)
+        if max_rows is not None and found.rows.limit(max_rows + 1).count() > max_rows:
+            return None, found.version
         return found.rows.toArrow(), found.version
 
     def replace_where_many(

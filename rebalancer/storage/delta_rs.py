@@ -431,14 +431,22 @@ class DeltaRsWarehouse(Warehouse):
 
         self._run_rewrite(name, staged, attempt)
 
-    def changes_arrow(self, name: str, since: int | None) -> tuple[pa.Table, int]:
+    def changes_arrow(
+        self, name: str, since: int | None, max_rows: int | None = None
+    ) -> tuple[pa.Table | None, int]:
         snapshot = self._open(name)
         _check_readable(snapshot, name)
         now = snapshot.version()
         added = _files_added(self.path_of(name), since, now)
         if added is None:
-            return super().changes_arrow(name, since)
-        present = {f.path: f.local for f in self._files(snapshot)}
+            return super().changes_arrow(name, since, max_rows)
+        by_path = {f.path: f for f in self._files(snapshot)}
+        present = {path: f.local for path, f in by_path.items()}
+        if max_rows is not None:
+            rows = sum(int(by_path[p].row.get("num_records") or 0) for paths in added.values() for p in paths
+                       if p in by_path)
+            if rows > max_rows:
+                return None, now
         schema = to_arrow_schema(_stored_schema(snapshot), timezone="UTC")
         parts = []
         for version, paths in sorted(added.items()):

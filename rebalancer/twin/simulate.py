@@ -197,6 +197,7 @@ def current_map(warehouse: Warehouse) -> tuple[Committed, dict[Copy, dict[str, A
     servers = {n for n, info in committed.state.alive.items() if not info.is_client}
     copies = _by_copy(warehouse.read_arrow("partition_map", where=_at(committed.version)))
     new, _ = warehouse.changes_arrow("partition_reports", committed.input_versions.get("partition_reports"))
+    assert new is not None  # no max_rows: always read
     newest_seq = committed.max_report_seq or 0
     for r in sorted(new.to_pylist(), key=lambda r: r["report_seq"] or 0):
         newest_seq = max(newest_seq, r["report_seq"] or 0)
