@@ -202,6 +202,7 @@ def run_exchange(
         InputSchemaError: an input table misses a column or has one of an unusable type.
     """
     hook = fault_hook or (lambda _point: None)
+    run_started = clock()
     meter = _Meter(spark)
     run: _Run | None = None
     try:
@@ -221,6 +222,7 @@ def run_exchange(
                 )
             record_rejections(warehouse, pa.concat_tables([inputs.rejected, _event_rejections(rejections, first_id)]))
         run = _Run(spark, warehouse, settings, inputs, clock, hook, carry_settled)
+        run.run_started = run_started
         summaries: list[ExchangeSummary] = []
         prev = committed
         if not steps and committed is not None:
@@ -294,6 +296,7 @@ class _Run:
         self.spark, self.warehouse, self.settings, self.inputs = spark, warehouse, settings, inputs
         self.clock, self.hook, self.carry = clock, hook, carry
         self.reports_consumed = False
+        self.run_started: datetime | None = None
         self.max_report_seq: int | None = None
         self._reports: Reports | None = None
         self._nodes = {r["node_id"]: r for r in inputs.nodes.to_pylist()}
@@ -370,7 +373,8 @@ class _Run:
     def exchange(
         self, step: ExchangeStep, prev: Committed | None, meter: _Meter, *, last: bool, switch_check: bool = False
     ) -> ExchangeSummary | None:
-        started = self.clock()
+        # the first exchange of a run started with the run (its inputs stage); later ones start here
+        started, self.run_started = self.run_started or self.clock(), None
         t0 = time.perf_counter()
         version = (step.major, step.minor)
         exchange_id = (prev.exchange_id if prev else 0) + 1
@@ -437,8 +441,8 @@ class _Run:
             seconds=time.perf_counter() - t0,
             makespan_s=plan_times["makespan_s"],
             makespan_lower_bound_s=plan_times["makespan_lower_bound_s"],
-            stage_seconds=meter.seconds,
-            stage_jobs=meter.stage_jobs,
+            stage_seconds=dict(meter.seconds),
+            stage_jobs=dict(meter.stage_jobs),
             recomputed_partitions=unsettled.count({g: s.partitions for g, s in groups.items()}),
             **counts,
         )
@@ -446,7 +450,9 @@ class _Run:
             summary = _replace(summary, spark_jobs=meter.jobs())
             self._commit_row(summary, step, prev, started, last)
         self.hook("after:exchanges")
-        return summary
+        # the summary also reports the commit stage, which its committed row cannot hold
+        return _replace(summary, stage_seconds=dict(meter.seconds), stage_jobs=dict(meter.stage_jobs),
+                        spark_jobs=meter.jobs())
 
     # ---- which partitions can change ----
     def _unsettled(self, step: ExchangeStep, prev: Committed | None, reports: Reports | None) -> _Unsettled:
@@ -694,6 +700,7 @@ class _Run:
             "makespan_lower_bound_s": s.makespan_lower_bound_s,
             "input_versions": list(self._recorded_versions(prev, last).items()),
             "stage_seconds": list(s.stage_seconds.items()), "spark_jobs": s.spark_jobs,
+            "stage_jobs": list(s.stage_jobs.items()) if s.spark_jobs is not None else None,
         }
         self.warehouse.insert_absent_arrow("exchanges", pa.Table.from_pylist([row], schema=_arrow(EXCHANGES)),
                                            ["exchange_id"])

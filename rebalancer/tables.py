@@ -104,9 +104,11 @@ EXCHANGES = _schema(
     ("makespan_lower_bound_s", D),
     # per input table, the Delta version this exchange consumed: the next one reads only what came after it
     ("input_versions", MapType(S, L)),
-    # how the exchange ran: wall seconds per stage, and the Spark jobs it started (null on Spark Connect)
+    # how the exchange ran: wall seconds per stage, the Spark jobs it started and those per stage (null on Spark
+    # Connect); the commit stage writes this row, so it is missing from both maps
     ("stage_seconds", MapType(S, D)),
     ("spark_jobs", INT),
+    ("stage_jobs", MapType(S, INT)),
 )
 TOPOLOGY = _schema(*_VERSION, ("node_id", S), ("node_order", L), ("is_client", B))
 IDEAL_ASSIGNMENT = _schema(
