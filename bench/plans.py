@@ -5,8 +5,8 @@ Contract: every function returns a :data:`rebalancer.planning.schedule.PLAN_INPU
 table). No Spark import: tests and ``bench/schedule.py`` build plans in plain Python with NumPy.
 
 :func:`scenario_plan` rebuilds the plan the Spark pipeline commits for one change of ``bench/suite.py`` (and the
-graceful scale-down of ``bench/migrations.py``), step by step as ``rebalancer.planning.planner`` and the exchange
-stages build it:
+graceful scale-down of ``bench/migrations.py``), step by step as the kernel (:mod:`rebalancer.exchange.kernel`) and
+:mod:`rebalancer.planning.plan` build it:
 
 * the cluster is ``rebalancer generate``'s: nodes ``node0..node{N-1}``, groups ``group0..``, rendezvous affinity
   (:func:`rebalancer.client.affinity.assign_indexes`, the Spark stage's kernel), every ideal copy OWNING with equal

@@ -46,31 +46,3 @@ def spark() -> Iterator[object]:
 @pytest.fixture()
 def warehouse_dir(tmp_path: Path) -> Path:
     return tmp_path / "warehouse"
-
-
-# ---- transient (kernel switch): KERNEL_REPLAY=1 recomputes every committed version of every scenario warehouse
-@pytest.fixture(autouse=True)
-def _kernel_replay(request: pytest.FixtureRequest) -> Iterator[None]:
-    if not os.environ.get("KERNEL_REPLAY"):
-        yield
-        return
-    from tests import exchange_scenarios
-
-    created: list[object] = []
-    original = exchange_scenarios.Cluster.create.__func__  # type: ignore[attr-defined]
-
-    def create(cls: type, *args: object, **kwargs: object) -> object:
-        c = original(cls, *args, **kwargs)
-        created.append(c)
-        return c
-
-    exchange_scenarios.Cluster.create = classmethod(create)  # type: ignore[method-assign,assignment]
-    try:
-        yield
-    finally:
-        exchange_scenarios.Cluster.create = classmethod(original)  # type: ignore[method-assign,assignment]
-    from tests.kernel_replay import replay
-
-    for c in created:
-        n = replay(c.spark, c.warehouse, c.settings)  # type: ignore[attr-defined]
-        print(f"kernel replay: {n} versions identical")
