@@ -114,7 +114,7 @@ def _sample(dtype: DataType, i: int) -> Any:
     if isinstance(dtype, ArrayType):
         return [_sample(dtype.elementType, 0), None, _sample(dtype.elementType, 1)] if i == 0 else []
     if isinstance(dtype, MapType):
-        return {"zone": "z1", "rack": None} if i == 0 else {}
+        return {"zone": _sample(dtype.valueType, 0), "rack": None} if i == 0 else {}
     raise AssertionError(f"no sample for {dtype}")
 
 
