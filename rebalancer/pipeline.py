@@ -28,7 +28,7 @@ import functools
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -70,6 +70,7 @@ from rebalancer.inputs import (
 )
 from rebalancer.planning.plan import finish_plan, schedule_plan
 from rebalancer.storage import Warehouse
+from rebalancer.storage.base import sql_literal
 from rebalancer.tables import EXCHANGES, OUTPUT_TABLES, REJECTED_ROWS, TOPOLOGY, VERSION_COLUMNS
 from rebalancer.validation import Consumer, InvalidInputError
 from rebalancer.vocabulary import (
@@ -485,14 +486,16 @@ class _Run:
         if departed and carried:
             sources.append(
                 self.warehouse.read("partition_map", where=where)
-                .where(F.col("node_id").isin(departed) & F.col("group_name").isin(carried))
+                .where(F.expr(f"node_id IN ({_sql_list(departed)}) AND group_name IN ({_sql_list(carried)})"))
                 .select(*PARTITION_KEY)
             )
         if joined and carried:
             nodes_df = self.spark.createDataFrame(
                 pa.Table.from_pylist([self._nodes[n] for n in sorted(servers_now)], schema=self.inputs.nodes.schema)
             )
-            groups_df = self.spark.createDataFrame(self.inputs.groups).where(F.col("group_name").isin(carried))
+            groups_df = self.spark.createDataFrame(self.inputs.groups).where(
+                F.expr(f"group_name IN ({_sql_list(carried)})")
+            )
             sources.append(
                 ideal_assignment(nodes_df, groups_df, self.settings.affinity)
                 .where(F.col("node_id").isin(joined))
@@ -755,10 +758,20 @@ def _versioned(df: DataFrame, version: tuple[int, int]) -> DataFrame:
     )
 
 
-def _key(sizes: Mapping[str, int]) -> Column:
+# The selectors below are SQL text, parsed once: a Column built with ``isin`` makes one py4j call per literal, and
+# an M join's 4,000 partition keys cost 6.6 s that way (docs/PERFORMANCE.md).
+def _sql_list(values: Iterable[str | int]) -> str:
+    return ", ".join(sql_literal(v) for v in values)
+
+
+def _sql_map(pairs: Iterable[tuple[str, int]]) -> str:
+    return "map(" + ", ".join(f"{sql_literal(k)}, {sql_literal(v)}" for k, v in pairs) + ")"
+
+
+def _key_sql(sizes: Mapping[str, int]) -> str:
     """``(group code) * 65536 + partition_id`` as a bigint, group codes numbering ``sizes`` in name order."""
-    codes = F.create_map(*[x for i, g in enumerate(sorted(sizes)) for x in (F.lit(g), F.lit(i))])
-    return codes[F.col("group_name")].cast("long") * MAX_PARTITIONS + F.col("partition_id")
+    codes = _sql_map((g, i) for i, g in enumerate(sorted(sizes)))
+    return f"CAST(element_at({codes}, group_name) AS BIGINT) * {MAX_PARTITIONS} + partition_id"
 
 
 def _key_values(keys: Sequence[tuple[str, int]], sizes: Mapping[str, int]) -> list[int]:
@@ -766,30 +779,34 @@ def _key_values(keys: Sequence[tuple[str, int]], sizes: Mapping[str, int]) -> li
     return [codes[g] * MAX_PARTITIONS + p for g, p in keys if g in codes]
 
 
+def _in_range_sql(groups: Iterable[str], sizes: Mapping[str, int]) -> str:
+    """Rows of ``groups`` whose partition_id is below the group's partition count."""
+    names = sorted(groups)
+    if not names:
+        return "FALSE"
+    return (f"(group_name IN ({_sql_list(names)}) AND "
+            f"partition_id < element_at({_sql_map((g, sizes[g]) for g in sorted(sizes))}, group_name))")
+
+
 def _selector(u: _Unsettled, sizes: Mapping[str, int]) -> Column:
     """Rows of the unsettled partitions (of running groups, in range)."""
-    in_range = F.col("group_name").isin(sorted(sizes)) & (
-        F.col("partition_id") < F.element_at(F.create_map(*[x for g, n in sizes.items() for x in (F.lit(g), F.lit(n))]),
-                                             F.col("group_name"))
-    )
+    in_range = _in_range_sql(sizes, sizes)
     if u.everything:
-        return in_range
-    chosen = F.col("group_name").isin(sorted(u.groups)) if u.groups else F.lit(False)
-    if u.keys:
-        chosen = chosen | _key(sizes).isin(_key_values(sorted(u.keys), sizes))
-    return in_range & chosen
+        return F.expr(in_range)
+    chosen = f"group_name IN ({_sql_list(sorted(u.groups))})" if u.groups else "FALSE"
+    values = _key_values(sorted(u.keys), sizes)
+    if values:
+        chosen = f"{chosen} OR {_key_sql(sizes)} IN ({_sql_list(values)})"
+    return F.expr(f"{in_range} AND ({chosen})")
 
 
 def _carried(u: _Unsettled, sizes: Mapping[str, int]) -> Column:
     """Rows of the settled partitions of carried groups (running before and now, not recomputed whole)."""
-    carried = sorted(set(sizes) - set(u.groups))
-    keep = F.col("group_name").isin(carried) & (
-        F.col("partition_id") < F.element_at(F.create_map(*[x for g, n in sizes.items() for x in (F.lit(g), F.lit(n))]),
-                                             F.col("group_name"))
-    )
-    if u.keys:
-        keep = keep & ~_key(sizes).isin(_key_values(sorted(u.keys), sizes))
-    return keep
+    keep = _in_range_sql(set(sizes) - set(u.groups), sizes)
+    values = _key_values(sorted(u.keys), sizes)
+    if values:
+        keep = f"{keep} AND NOT ({_key_sql(sizes)} IN ({_sql_list(values)}))"
+    return F.expr(keep)
 
 
 def _filter_keys(t: pa.Table, u: _Unsettled, sizes: Mapping[str, int]) -> pa.Table:

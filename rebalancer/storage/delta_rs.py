@@ -50,7 +50,7 @@ from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Tra
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import ByteType, IntegerType, LongType, ShortType, StructType
+from pyspark.sql.types import ArrayType, ByteType, IntegerType, LongType, MapType, ShortType, StructType
 
 from rebalancer import tables
 from rebalancer.storage.base import (
@@ -476,7 +476,28 @@ class DeltaRsWarehouse(Warehouse):
                 rest.discard()
 
     def _stage_many(self, frames: Mapping[str, DataFrame], where: Mapping[str, WhereValue]) -> dict[str, _Staged]:
-        """Every frame's rows as parquet files in a fresh directory of its table, written in ONE Spark job.
+        """Every frame's rows as parquet files in a fresh directory of its table: one Spark job for the tables of
+        flat columns, one more for each table with array, map or struct columns.
+
+        Why not one job for all: the tables share the job as one union in which each row fills only its own
+        table's columns, and Spark's Arrow writer fills a null array column slowly (measured on an M exchange:
+        staging the four flat tables took 1.3 s, adding client_affinity's two array columns to the same job
+        11 s; alone it takes 0.2 s).
+        """
+        flat = [n for n in frames if not _nested(frames[n].schema)]
+        jobs = ([flat] if flat else []) + [[n] for n in frames if n not in flat]
+        staged: dict[str, _Staged] = {}
+        try:
+            for names in jobs:
+                staged.update(self._stage_job({n: frames[n] for n in names}, where))
+        except BaseException:
+            for s_ in staged.values():
+                s_.discard()
+            raise
+        return staged
+
+    def _stage_job(self, frames: Mapping[str, DataFrame], where: Mapping[str, WhereValue]) -> dict[str, _Staged]:
+        """The frames' rows as parquet files in a fresh directory of each table, written in ONE Spark job.
 
         The frames are tagged and unioned; each Python worker writes, per table, one file of the rows it holds
         (``pyarrow.parquet``, the table's stored schema) and returns the file names; the driver reads the footers.
@@ -1037,6 +1058,11 @@ def _check_readable(snapshot: DeltaTable, name: str) -> None:
             f"table {name} uses column mapping, whose parquet column names the delta-rs engine does not translate; "
             f"use storage.engine = 'delta-spark', or rewrite it without column mapping."
         )
+
+
+def _nested(schema: StructType) -> bool:
+    """Whether a column holds arrays, maps or structs."""
+    return any(isinstance(f.dataType, (ArrayType, MapType, StructType)) for f in schema.fields)
 
 
 def _guard_where(rows: DataFrame, where: Mapping[str, WhereValue], predicate: Column, name: str) -> DataFrame:
