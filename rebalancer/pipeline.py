@@ -34,12 +34,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from rebalancer.affinity.assign import assign_indexes
 from rebalancer.affinity.ideal import ideal_assignment
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.config import Settings
@@ -86,6 +88,10 @@ __all__ = ["STAGES", "VERSIONED_TABLES", "ExchangeConflictError", "ExchangeSumma
 #: Tables that hold one complete copy per committed version (every output but ``exchanges`` and ``rejected_rows``).
 VERSIONED_TABLES = tuple(n for n in OUTPUT_TABLES if n not in ("exchanges", "rejected_rows"))
 #: Versioned tables with one row per partition or copy: written from Spark. The others go through the driver.
+# Which partitions a node's departure or arrival touches is found on the driver up to these sizes (copies of the
+# carried groups read as Arrow; partitions x servers ranked by the client's affinity), beyond them by a Spark job.
+DRIVER_COPIES = 1_000_000
+DRIVER_RANKINGS = 5_000_000
 LARGE_TABLES = ("ideal_assignment", "affinity_assignment", "partition_map", "partition_versions")  # + client_affinity
 #: The stages an exchange's wall time is split into (``ExchangeSummary.stage_seconds``), in the order they run.
 STAGES = ("inputs", "unsettled", "kernel", "plan", "routing", "writes", "stamps", "commit")
@@ -481,15 +487,40 @@ class _Run:
             keys |= set(zip(t.column("group_name").to_pylist(), t.column("partition_id").to_pylist(), strict=True))
         sources: list[DataFrame] = []
         carried = sorted(step.groups - full)
+        # Small clusters answer on the driver (Arrow and the client's affinity): a Spark job costs more than the
+        # work. Large ones keep the work in Spark.
+        carried_partitions = sum(int(self._groups[g]["partitions"]) for g in carried)
+        copies_on_driver = carried_partitions * (1 + max((int(self._groups[g]["backups"]) for g in carried),
+                                                         default=0)) <= DRIVER_COPIES
+        ranks_on_driver = carried_partitions * len(servers_now) <= DRIVER_RANKINGS
         if reports is not None:
-            sources.append(reports.valid.select(*PARTITION_KEY))
-        if departed and carried:
+            if reports.keys is not None:
+                keys |= _pairs(reports.keys)
+            else:
+                sources.append(reports.valid.select(*PARTITION_KEY))
+        if departed and carried and copies_on_driver:
+            copies = self.warehouse.read_arrow("partition_map", where=where)
+            copies = copies.filter(pc.and_(pc.is_in(copies.column("node_id"), pa.array(departed, pa.string())),
+                                           pc.is_in(copies.column("group_name"), pa.array(carried, pa.string()))))
+            keys |= _pairs(copies)
+        elif departed and carried:
             sources.append(
                 self.warehouse.read("partition_map", where=where)
                 .where(F.expr(f"node_id IN ({_sql_list(departed)}) AND group_name IN ({_sql_list(carried)})"))
                 .select(*PARTITION_KEY)
             )
-        if joined and carried:
+        if joined and carried and ranks_on_driver:
+            nodes = self.node_set({n: step.alive[n] for n in servers_now})
+            joined_codes = [nodes.node_ids.index(n) for n in joined]
+            for g in carried:
+                gs = self._groups[g]
+                pids = np.arange(int(gs["partitions"]), dtype=np.int64)
+                matrix = assign_indexes(
+                    pids, nodes, int(gs["backups"]), gs["affinity"], gs["mode"], gs["exclude_neighbors"],
+                    tuple(gs["backup_filter"] or ()), self.settings.affinity.ignite_ids_as_strings,
+                )
+                keys |= {(g, int(p)) for p in pids[np.isin(matrix, joined_codes).any(axis=1)]}
+        elif joined and carried:
             nodes_df = self.spark.createDataFrame(
                 pa.Table.from_pylist([self._nodes[n] for n in sorted(servers_now)], schema=self.inputs.nodes.schema)
             )
@@ -807,6 +838,11 @@ def _carried(u: _Unsettled, sizes: Mapping[str, int]) -> Column:
     if values:
         keep = f"{keep} AND NOT ({_key_sql(sizes)} IN ({_sql_list(values)}))"
     return F.expr(keep)
+
+
+def _pairs(t: pa.Table) -> set[tuple[str, int]]:
+    """The (group_name, partition_id) pairs of an Arrow table."""
+    return set(zip(t.column("group_name").to_pylist(), t.column("partition_id").to_pylist(), strict=True))
 
 
 def _filter_keys(t: pa.Table, u: _Unsettled, sizes: Mapping[str, int]) -> pa.Table:
