@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -77,7 +77,6 @@ from rebalancer.tables import EXCHANGES, OUTPUT_TABLES, REJECTED_ROWS, TOPOLOGY,
 from rebalancer.validation import Consumer, InvalidInputError
 from rebalancer.vocabulary import (
     LATE_AFFINITY_SWITCH,
-    MAX_PARTITIONS,
     NONE,
     PARTITION_KEY,
     REPLICATED,
@@ -581,7 +580,7 @@ class _Run:
         )
         spark = self.spark
         sizes = {g: s.partitions for g, s in groups.items()}
-        selected = _selector(u, sizes)
+        select = _Selection(spark, u, sizes)
         group_rows = pa.table({"group_name": list(sizes), "partitions": [sizes[g] for g in sizes]},
                               schema=pa.schema([("group_name", pa.string()), ("partitions", pa.int32())]))
         marker_groups = sorted(sizes) if u.everything else sorted(u.groups)
@@ -607,13 +606,13 @@ class _Run:
             where = _at(prev.version)
             for name, kind in (("partition_map", MAP), ("affinity_assignment", ASSIGNMENT),
                                ("partition_versions", VERSION)):
-                parts.append(_tagged(self.warehouse.read(name, where=where).where(selected), kind))
+                parts.append(_tagged(select.unsettled(self.warehouse.read(name, where=where)), kind))
             lost = self.warehouse.read_arrow("lost_partitions", where=where).select(list(PARTITION_KEY))
             lost = _filter_keys(lost, u, sizes)
             if lost.num_rows:
                 parts.append(_tagged(spark.createDataFrame(lost), LOST_ROW))
         if reports is not None:
-            parts.append(_tagged(reports.valid.where(selected), REPORT))
+            parts.append(_tagged(select.unsettled(reports.valid), REPORT))
         rows = functools.reduce(DataFrame.unionByName, parts)
         tasks = max(1, min(_parallelism(spark) * 2, math.ceil(u.count(sizes) / 50_000)))
         schema = from_arrow_schema(OUTPUT_SCHEMA)
@@ -636,7 +635,7 @@ class _Run:
         wh, where = self.warehouse, _at(version)
         sizes = {g: s.partitions for g, s in groups.items()}
         carried_groups = sorted(set(sizes) - (set(sizes) if u.everything else set(u.groups)))
-        keep = _carried(u, sizes) if prev is not None and carried_groups else None
+        keep = _Selection(self.spark, u, sizes) if prev is not None and carried_groups else None
 
         def large(name: str) -> DataFrame:
             columns = [f for f in OUTPUT_TABLES[name].fieldNames() if f not in VERSION_COLUMNS]
@@ -644,7 +643,7 @@ class _Run:
             if out is not None:
                 frames.append(out.where(F.col("kind") == KINDS[name]).select(*columns))
             if keep is not None and prev is not None:
-                frames.append(wh.read(name, where=_at(prev.version)).where(keep).select(*columns))
+                frames.append(keep.settled(wh.read(name, where=_at(prev.version))).select(*columns))
             if not frames:  # no running group
                 frames.append(wh.read(name).limit(0).select(*columns))
             return _versioned(functools.reduce(DataFrame.unionByName, frames), version)
@@ -789,25 +788,44 @@ def _versioned(df: DataFrame, version: tuple[int, int]) -> DataFrame:
     )
 
 
-# The selectors below are SQL text, parsed once: a Column built with ``isin`` makes one py4j call per literal, and
-# an M join's 4,000 partition keys cost 6.6 s that way (docs/PERFORMANCE.md).
+class _Selection:
+    """The rows of the unsettled partitions of a frame, or of the settled ones of carried groups.
+
+    Groups are chosen by SQL text (one py4j call: a Column built with ``isin`` makes one call per literal); single
+    partitions by a join with a broadcast table of their keys, since thousands of literals in a plan made every
+    later analysis of it slow (an M scale-down: 1.6 s to build the writes' frames, 6.6 s with ``isin``).
+    """
+
+    def __init__(self, spark: SparkSession, u: _Unsettled, sizes: Mapping[str, int]) -> None:
+        self.u, self.sizes = u, sizes
+        keys = sorted(k for k in u.keys if k[0] in sizes and k[0] not in u.groups)
+        self.keys = F.broadcast(spark.createDataFrame(pa.table(
+            {"group_name": [g for g, _ in keys], "partition_id": [p for _, p in keys]},
+            schema=pa.schema([("group_name", pa.string()), ("partition_id", pa.int32())]),
+        ))) if keys else None
+
+    def unsettled(self, df: DataFrame) -> DataFrame:
+        """Rows of the unsettled partitions (of running groups, in range)."""
+        in_range = F.expr(_in_range_sql(self.sizes, self.sizes))
+        if self.u.everything:
+            return df.where(in_range)
+        whole = df.where(F.expr(_in_range_sql(self.u.groups, self.sizes)))
+        if self.keys is None:
+            return whole
+        return whole.unionByName(df.where(in_range).join(self.keys, list(PARTITION_KEY), "left_semi"))
+
+    def settled(self, df: DataFrame) -> DataFrame:
+        """Rows of the settled partitions of carried groups (running before and now, not recomputed whole)."""
+        carried = df.where(F.expr(_in_range_sql(set(self.sizes) - set(self.u.groups), self.sizes)))
+        return carried if self.keys is None else carried.join(self.keys, list(PARTITION_KEY), "left_anti")
+
+
 def _sql_list(values: Iterable[str | int]) -> str:
     return ", ".join(sql_literal(v) for v in values)
 
 
 def _sql_map(pairs: Iterable[tuple[str, int]]) -> str:
     return "map(" + ", ".join(f"{sql_literal(k)}, {sql_literal(v)}" for k, v in pairs) + ")"
-
-
-def _key_sql(sizes: Mapping[str, int]) -> str:
-    """``(group code) * 65536 + partition_id`` as a bigint, group codes numbering ``sizes`` in name order."""
-    codes = _sql_map((g, i) for i, g in enumerate(sorted(sizes)))
-    return f"CAST(element_at({codes}, group_name) AS BIGINT) * {MAX_PARTITIONS} + partition_id"
-
-
-def _key_values(keys: Sequence[tuple[str, int]], sizes: Mapping[str, int]) -> list[int]:
-    codes = {g: i for i, g in enumerate(sorted(sizes))}
-    return [codes[g] * MAX_PARTITIONS + p for g, p in keys if g in codes]
 
 
 def _in_range_sql(groups: Iterable[str], sizes: Mapping[str, int]) -> str:
@@ -817,27 +835,6 @@ def _in_range_sql(groups: Iterable[str], sizes: Mapping[str, int]) -> str:
         return "FALSE"
     return (f"(group_name IN ({_sql_list(names)}) AND "
             f"partition_id < element_at({_sql_map((g, sizes[g]) for g in sorted(sizes))}, group_name))")
-
-
-def _selector(u: _Unsettled, sizes: Mapping[str, int]) -> Column:
-    """Rows of the unsettled partitions (of running groups, in range)."""
-    in_range = _in_range_sql(sizes, sizes)
-    if u.everything:
-        return F.expr(in_range)
-    chosen = f"group_name IN ({_sql_list(sorted(u.groups))})" if u.groups else "FALSE"
-    values = _key_values(sorted(u.keys), sizes)
-    if values:
-        chosen = f"{chosen} OR {_key_sql(sizes)} IN ({_sql_list(values)})"
-    return F.expr(f"{in_range} AND ({chosen})")
-
-
-def _carried(u: _Unsettled, sizes: Mapping[str, int]) -> Column:
-    """Rows of the settled partitions of carried groups (running before and now, not recomputed whole)."""
-    keep = _in_range_sql(set(sizes) - set(u.groups), sizes)
-    values = _key_values(sorted(u.keys), sizes)
-    if values:
-        keep = f"{keep} AND NOT ({_key_sql(sizes)} IN ({_sql_list(values)}))"
-    return F.expr(keep)
 
 
 def _pairs(t: pa.Table) -> set[tuple[str, int]]:

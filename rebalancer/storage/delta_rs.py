@@ -540,7 +540,11 @@ class DeltaRsWarehouse(Warehouse):
 
         staged = {name: _Staged(directory=directories[name]) for name in names}
         try:
-            written = union.mapInArrow(write, "table int, path string, rows long").toArrow().to_pylist()
+            # As many tasks (and files per table) as the session runs at once, not one per input partition: an M
+            # exchange's union has 8, which cost a task and a small file each.
+            tasks = _parallelism(self.spark)
+            written = (union.coalesce(tasks).mapInArrow(write, "table int, path string, rows long")
+                       .toArrow().to_pylist())
         except Exception as exc:
             for s_ in staged.values():
                 s_.discard()
@@ -1058,6 +1062,14 @@ def _check_readable(snapshot: DeltaTable, name: str) -> None:
             f"table {name} uses column mapping, whose parquet column names the delta-rs engine does not translate; "
             f"use storage.engine = 'delta-spark', or rewrite it without column mapping."
         )
+
+
+def _parallelism(spark: SparkSession) -> int:
+    """Tasks the session runs at once (the machine's cores where the session has no SparkContext: Connect)."""
+    try:
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    except Exception:  # noqa: BLE001 - Spark Connect sessions have no sparkContext
+        return os.cpu_count() or 1
 
 
 def _nested(schema: StructType) -> bool:
