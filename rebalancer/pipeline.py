@@ -77,6 +77,7 @@ from rebalancer.tables import EXCHANGES, OUTPUT_TABLES, REJECTED_ROWS, TOPOLOGY,
 from rebalancer.validation import Consumer, InvalidInputError
 from rebalancer.vocabulary import (
     LATE_AFFINITY_SWITCH,
+    MAX_PARTITIONS,
     NONE,
     PARTITION_KEY,
     REPLICATED,
@@ -91,6 +92,7 @@ VERSIONED_TABLES = tuple(n for n in OUTPUT_TABLES if n not in ("exchanges", "rej
 # carried groups read as Arrow; partitions x servers ranked by the client's affinity), beyond them by a Spark job.
 DRIVER_COPIES = 1_000_000
 DRIVER_RANKINGS = 5_000_000
+KEYS_AS_LITERALS = 1_000  # see _Selection
 LARGE_TABLES = ("ideal_assignment", "affinity_assignment", "partition_map", "partition_versions")  # + client_affinity
 #: The stages an exchange's wall time is split into (``ExchangeSummary.stage_seconds``), in the order they run.
 STAGES = ("inputs", "unsettled", "kernel", "plan", "routing", "writes", "stamps", "commit")
@@ -791,33 +793,49 @@ def _versioned(df: DataFrame, version: tuple[int, int]) -> DataFrame:
 class _Selection:
     """The rows of the unsettled partitions of a frame, or of the settled ones of carried groups.
 
-    Groups are chosen by SQL text (one py4j call: a Column built with ``isin`` makes one call per literal); single
-    partitions by a join with a broadcast table of their keys, since thousands of literals in a plan made every
-    later analysis of it slow (an M scale-down: 1.6 s to build the writes' frames, 6.6 s with ``isin``).
+    Groups are chosen by SQL text (one py4j call: a Column built with ``isin`` makes one call per literal, 6.6 s
+    for an M scale-down's 3,896 keys). Single partitions too, up to :data:`KEYS_AS_LITERALS` of them; beyond, by a
+    join with a broadcast table of their keys: thousands of literals in a plan make every later analysis of it
+    slow (1.6 s to build an M scale-down's writes), while a broadcast costs a Spark job per query (4 in all).
     """
 
     def __init__(self, spark: SparkSession, u: _Unsettled, sizes: Mapping[str, int]) -> None:
         self.u, self.sizes = u, sizes
         keys = sorted(k for k in u.keys if k[0] in sizes and k[0] not in u.groups)
-        self.keys = F.broadcast(spark.createDataFrame(pa.table(
-            {"group_name": [g for g, _ in keys], "partition_id": [p for _, p in keys]},
-            schema=pa.schema([("group_name", pa.string()), ("partition_id", pa.int32())]),
-        ))) if keys else None
+        self.literal: str | None = None
+        self.keys: DataFrame | None = None
+        if keys and len(keys) <= KEYS_AS_LITERALS:
+            codes = {g: i for i, g in enumerate(sorted(sizes))}
+            key_sql = (f"CAST(element_at({_sql_map(codes.items())}, group_name) AS BIGINT) * {MAX_PARTITIONS}"
+                       " + partition_id")
+            self.literal = f"{key_sql} IN ({_sql_list(codes[g] * MAX_PARTITIONS + p for g, p in keys)})"
+        elif keys:
+            self.keys = F.broadcast(spark.createDataFrame(pa.table(
+                {"group_name": [g for g, _ in keys], "partition_id": [p for _, p in keys]},
+                schema=pa.schema([("group_name", pa.string()), ("partition_id", pa.int32())]),
+            )))
 
     def unsettled(self, df: DataFrame) -> DataFrame:
         """Rows of the unsettled partitions (of running groups, in range)."""
-        in_range = F.expr(_in_range_sql(self.sizes, self.sizes))
+        in_range = _in_range_sql(self.sizes, self.sizes)
         if self.u.everything:
-            return df.where(in_range)
-        whole = df.where(F.expr(_in_range_sql(self.u.groups, self.sizes)))
-        if self.keys is None:
-            return whole
-        return whole.unionByName(df.where(in_range).join(self.keys, list(PARTITION_KEY), "left_semi"))
+            return df.where(F.expr(in_range))
+        whole = _in_range_sql(self.u.groups, self.sizes)
+        if self.literal is not None:
+            return df.where(F.expr(f"{whole} OR ({in_range} AND {self.literal})"))
+        if self.keys is not None:
+            return df.where(F.expr(whole)).unionByName(
+                df.where(F.expr(in_range)).join(self.keys, list(PARTITION_KEY), "left_semi"))
+        return df.where(F.expr(whole))
 
     def settled(self, df: DataFrame) -> DataFrame:
         """Rows of the settled partitions of carried groups (running before and now, not recomputed whole)."""
-        carried = df.where(F.expr(_in_range_sql(set(self.sizes) - set(self.u.groups), self.sizes)))
-        return carried if self.keys is None else carried.join(self.keys, list(PARTITION_KEY), "left_anti")
+        carried = _in_range_sql(set(self.sizes) - set(self.u.groups), self.sizes)
+        if self.literal is not None:
+            return df.where(F.expr(f"{carried} AND NOT ({self.literal})"))
+        if self.keys is not None:
+            return df.where(F.expr(carried)).join(self.keys, list(PARTITION_KEY), "left_anti")
+        return df.where(F.expr(carried))
 
 
 def _sql_list(values: Iterable[str | int]) -> str:

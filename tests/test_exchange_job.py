@@ -40,10 +40,12 @@ def steady_three_nodes(spark: Any, path: Path, partitions: int = 3, groups: dict
 @pytest.fixture(params=["driver", "spark"])
 def unsettled_finder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Which partitions a join or a failure touches is found on the driver for small clusters and by a Spark job
-    for large ones: run the scenario both ways (thresholds 0 force the Spark job)."""
+    for large ones, and they are selected by literals when few, by a broadcast join when many: run the scenario
+    both ways (thresholds 0 force the Spark job and the join)."""
     if request.param == "spark":
         monkeypatch.setattr(pipeline, "DRIVER_COPIES", 0)
         monkeypatch.setattr(pipeline, "DRIVER_RANKINGS", 0)
+        monkeypatch.setattr(pipeline, "KEYS_AS_LITERALS", 0)
     return str(request.param)
 
 
