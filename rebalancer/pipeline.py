@@ -683,7 +683,9 @@ class _Run:
         with meter.stage("writes"):
             wh.replace_where_arrow("topology", topology, where)
             self.hook("after:topology")
-            wh.replace_where_many(frames, where, committed=lambda name: self.hook(f"after:{name}"))
+            replicas = sum(g.partitions * (g.backups + 1) for g in groups.values())
+            wh.replace_where_many(frames, where, committed=lambda name: self.hook(f"after:{name}"),
+                                  rows_hint=4 * replicas)  # ideal, assignment, map; versions and routing
             for name, rows in (("counter_conflicts", small["counter_conflicts"]),
                                ("lost_partitions", small["lost_partitions"]), ("migration_plan", plan)):
                 wh.replace_where_arrow(name, small_table(name, rows), where)
