@@ -92,7 +92,7 @@ VERSIONED_TABLES = tuple(n for n in OUTPUT_TABLES if n not in ("exchanges", "rej
 # carried groups read as Arrow; partitions x servers ranked by the client's affinity), beyond them by a Spark job.
 DRIVER_COPIES = 1_000_000
 DRIVER_RANKINGS = 5_000_000
-KEYS_AS_LITERALS = 1_000  # see _Selection
+KEYS_AS_LITERALS = 5_000  # see _Selection
 LARGE_TABLES = ("ideal_assignment", "affinity_assignment", "partition_map", "partition_versions")  # + client_affinity
 #: The stages an exchange's wall time is split into (``ExchangeSummary.stage_seconds``), in the order they run.
 STAGES = ("inputs", "unsettled", "kernel", "plan", "routing", "writes", "stamps", "commit")
@@ -798,7 +798,7 @@ class _Selection:
     Groups are chosen by SQL text (one py4j call: a Column built with ``isin`` makes one call per literal, 6.6 s
     for an M scale-down's 3,896 keys). Single partitions too, up to :data:`KEYS_AS_LITERALS` of them; beyond, by a
     join with a broadcast table of their keys: thousands of literals in a plan make every later analysis of it
-    slow (1.6 s to build an M scale-down's writes), while a broadcast costs a Spark job per query (4 in all).
+    slow (1.6 s to build an M scale-down's writes), while a broadcast costs a Spark job per query (4 to 10).
     """
 
     def __init__(self, spark: SparkSession, u: _Unsettled, sizes: Mapping[str, int]) -> None:
