@@ -61,6 +61,7 @@ from rebalancer.exchange.kernel import (
     KernelContext,
 )
 from rebalancer.exchange.stamps import STAMPS_SCHEMA, stamps_of
+from rebalancer.frames import parallelism
 from rebalancer.inputs import (
     Committed,
     Inputs,
@@ -485,7 +486,7 @@ class _Run:
         where = _at(prev.version)
         for name in ("migration_plan", "lost_partitions", "counter_conflicts"):
             t = self.warehouse.read_arrow(name, where=where).select(list(PARTITION_KEY))
-            keys |= set(zip(t.column("group_name").to_pylist(), t.column("partition_id").to_pylist(), strict=True))
+            keys |= _pairs(t)
         sources: list[DataFrame] = []
         carried = sorted(step.groups - full)
         # Small clusters answer on the driver (Arrow and the client's affinity): a Spark job costs more than the
@@ -535,8 +536,7 @@ class _Run:
             )
         if sources:
             found = functools.reduce(DataFrame.unionByName, sources).distinct().toArrow()
-            keys |= set(zip(found.column("group_name").to_pylist(), found.column("partition_id").to_pylist(),
-                            strict=True))
+            keys |= _pairs(found)
         running = {g: int(self._groups[g]["partitions"]) for g in step.groups}
         keys = {(g, p) for g, p in keys if g in running and g not in full and 0 <= p < running[g]}
         return _Unsettled(everything=False, groups=frozenset(full & set(running)), keys=frozenset(keys))
@@ -616,7 +616,7 @@ class _Run:
         if reports is not None:
             parts.append(_tagged(select.unsettled(reports.valid), REPORT))
         rows = functools.reduce(DataFrame.unionByName, parts)
-        tasks = max(1, min(_parallelism(spark) * 2, math.ceil(u.count(sizes) / 50_000)))
+        tasks = max(1, min(parallelism(spark) * 2, math.ceil(u.count(sizes) / 50_000)))
         schema = from_arrow_schema(OUTPUT_SCHEMA)
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -776,13 +776,6 @@ def _norm(value: Any) -> Any:
     if isinstance(value, dict):
         return tuple(sorted(value.items()))
     return value
-
-
-def _parallelism(spark: SparkSession) -> int:
-    try:
-        return int(spark.sparkContext.defaultParallelism)
-    except Exception:  # Spark Connect
-        return 2
 
 
 def _versioned(df: DataFrame, version: tuple[int, int]) -> DataFrame:

@@ -53,6 +53,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import ArrayType, ByteType, IntegerType, LongType, MapType, ShortType, StructType
 
 from rebalancer import tables
+from rebalancer.frames import parallelism
 from rebalancer.storage.base import (
     COMMIT_COLUMN,
     TABLE_PROPERTIES,
@@ -548,7 +549,7 @@ class DeltaRsWarehouse(Warehouse):
         try:
             # As many tasks (and files per table) as the session runs at once, not one per input partition: an M
             # exchange's union has 8, which cost a task and a small file each.
-            tasks = _parallelism(self.spark)
+            tasks = parallelism(self.spark)
             written = (union.coalesce(tasks).mapInArrow(write, "table int, path string, rows long")
                        .toArrow().to_pylist())
         except Exception as exc:
@@ -1072,14 +1073,6 @@ def _check_readable(snapshot: DeltaTable, name: str) -> None:
 
 # replace_where_many stages tables in one shared Spark job below this many rows, with one job per table above.
 SPARK_WRITES_FROM_ROWS = 500_000
-
-
-def _parallelism(spark: SparkSession) -> int:
-    """Tasks the session runs at once (the machine's cores where the session has no SparkContext: Connect)."""
-    try:
-        return max(1, int(spark.sparkContext.defaultParallelism))
-    except Exception:  # noqa: BLE001 - Spark Connect sessions have no sparkContext
-        return os.cpu_count() or 1
 
 
 def _nested(schema: StructType) -> bool:
