@@ -28,18 +28,20 @@ import functools
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from rebalancer.affinity.assign import assign_indexes
 from rebalancer.affinity.ideal import ideal_assignment
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.config import Settings
@@ -59,6 +61,7 @@ from rebalancer.exchange.kernel import (
     KernelContext,
 )
 from rebalancer.exchange.stamps import STAMPS_SCHEMA, stamps_of
+from rebalancer.frames import parallelism
 from rebalancer.inputs import (
     Committed,
     Inputs,
@@ -70,6 +73,7 @@ from rebalancer.inputs import (
 )
 from rebalancer.planning.plan import finish_plan, schedule_plan
 from rebalancer.storage import Warehouse
+from rebalancer.storage.base import sql_literal
 from rebalancer.tables import EXCHANGES, OUTPUT_TABLES, REJECTED_ROWS, TOPOLOGY, VERSION_COLUMNS
 from rebalancer.validation import Consumer, InvalidInputError
 from rebalancer.vocabulary import (
@@ -85,6 +89,11 @@ __all__ = ["STAGES", "VERSIONED_TABLES", "ExchangeConflictError", "ExchangeSumma
 #: Tables that hold one complete copy per committed version (every output but ``exchanges`` and ``rejected_rows``).
 VERSIONED_TABLES = tuple(n for n in OUTPUT_TABLES if n not in ("exchanges", "rejected_rows"))
 #: Versioned tables with one row per partition or copy: written from Spark. The others go through the driver.
+# Which partitions a node's departure or arrival touches is found on the driver up to these sizes (copies of the
+# carried groups read as Arrow; partitions x servers ranked by the client's affinity), beyond them by a Spark job.
+DRIVER_COPIES = 1_000_000
+DRIVER_RANKINGS = 5_000_000
+KEYS_AS_LITERALS = 5_000  # see _Selection
 LARGE_TABLES = ("ideal_assignment", "affinity_assignment", "partition_map", "partition_versions")  # + client_affinity
 #: The stages an exchange's wall time is split into (``ExchangeSummary.stage_seconds``), in the order they run.
 STAGES = ("inputs", "unsettled", "kernel", "plan", "routing", "writes", "stamps", "commit")
@@ -477,22 +486,49 @@ class _Run:
         where = _at(prev.version)
         for name in ("migration_plan", "lost_partitions", "counter_conflicts"):
             t = self.warehouse.read_arrow(name, where=where).select(list(PARTITION_KEY))
-            keys |= set(zip(t.column("group_name").to_pylist(), t.column("partition_id").to_pylist(), strict=True))
+            keys |= _pairs(t)
         sources: list[DataFrame] = []
         carried = sorted(step.groups - full)
+        # Small clusters answer on the driver (Arrow and the client's affinity): a Spark job costs more than the
+        # work. Large ones keep the work in Spark.
+        carried_partitions = sum(int(self._groups[g]["partitions"]) for g in carried)
+        copies_on_driver = carried_partitions * (1 + max((int(self._groups[g]["backups"]) for g in carried),
+                                                         default=0)) <= DRIVER_COPIES
+        ranks_on_driver = carried_partitions * len(servers_now) <= DRIVER_RANKINGS
         if reports is not None:
-            sources.append(reports.valid.select(*PARTITION_KEY))
-        if departed and carried:
+            if reports.keys is not None:
+                keys |= _pairs(reports.keys)
+            else:
+                sources.append(reports.valid.select(*PARTITION_KEY))
+        if departed and carried and copies_on_driver:
+            copies = self.warehouse.read_arrow("partition_map", where=where)
+            copies = copies.filter(pc.and_(pc.is_in(copies.column("node_id"), pa.array(departed, pa.string())),
+                                           pc.is_in(copies.column("group_name"), pa.array(carried, pa.string()))))
+            keys |= _pairs(copies)
+        elif departed and carried:
             sources.append(
                 self.warehouse.read("partition_map", where=where)
-                .where(F.col("node_id").isin(departed) & F.col("group_name").isin(carried))
+                .where(F.expr(f"node_id IN ({_sql_list(departed)}) AND group_name IN ({_sql_list(carried)})"))
                 .select(*PARTITION_KEY)
             )
-        if joined and carried:
+        if joined and carried and ranks_on_driver:
+            nodes = self.node_set({n: step.alive[n] for n in servers_now})
+            joined_codes = [nodes.node_ids.index(n) for n in joined]
+            for g in carried:
+                gs = self._groups[g]
+                pids = np.arange(int(gs["partitions"]), dtype=np.int64)
+                matrix = assign_indexes(
+                    pids, nodes, int(gs["backups"]), gs["affinity"], gs["mode"], gs["exclude_neighbors"],
+                    tuple(gs["backup_filter"] or ()), self.settings.affinity.ignite_ids_as_strings,
+                )
+                keys |= {(g, int(p)) for p in pids[np.isin(matrix, joined_codes).any(axis=1)]}
+        elif joined and carried:
             nodes_df = self.spark.createDataFrame(
                 pa.Table.from_pylist([self._nodes[n] for n in sorted(servers_now)], schema=self.inputs.nodes.schema)
             )
-            groups_df = self.spark.createDataFrame(self.inputs.groups).where(F.col("group_name").isin(carried))
+            groups_df = self.spark.createDataFrame(self.inputs.groups).where(
+                F.expr(f"group_name IN ({_sql_list(carried)})")
+            )
             sources.append(
                 ideal_assignment(nodes_df, groups_df, self.settings.affinity)
                 .where(F.col("node_id").isin(joined))
@@ -500,8 +536,7 @@ class _Run:
             )
         if sources:
             found = functools.reduce(DataFrame.unionByName, sources).distinct().toArrow()
-            keys |= set(zip(found.column("group_name").to_pylist(), found.column("partition_id").to_pylist(),
-                            strict=True))
+            keys |= _pairs(found)
         running = {g: int(self._groups[g]["partitions"]) for g in step.groups}
         keys = {(g, p) for g, p in keys if g in running and g not in full and 0 <= p < running[g]}
         return _Unsettled(everything=False, groups=frozenset(full & set(running)), keys=frozenset(keys))
@@ -547,7 +582,7 @@ class _Run:
         )
         spark = self.spark
         sizes = {g: s.partitions for g, s in groups.items()}
-        selected = _selector(u, sizes)
+        select = _Selection(spark, u, sizes)
         group_rows = pa.table({"group_name": list(sizes), "partitions": [sizes[g] for g in sizes]},
                               schema=pa.schema([("group_name", pa.string()), ("partitions", pa.int32())]))
         marker_groups = sorted(sizes) if u.everything else sorted(u.groups)
@@ -573,15 +608,15 @@ class _Run:
             where = _at(prev.version)
             for name, kind in (("partition_map", MAP), ("affinity_assignment", ASSIGNMENT),
                                ("partition_versions", VERSION)):
-                parts.append(_tagged(self.warehouse.read(name, where=where).where(selected), kind))
+                parts.append(_tagged(select.unsettled(self.warehouse.read(name, where=where)), kind))
             lost = self.warehouse.read_arrow("lost_partitions", where=where).select(list(PARTITION_KEY))
             lost = _filter_keys(lost, u, sizes)
             if lost.num_rows:
                 parts.append(_tagged(spark.createDataFrame(lost), LOST_ROW))
         if reports is not None:
-            parts.append(_tagged(reports.valid.where(selected), REPORT))
+            parts.append(_tagged(select.unsettled(reports.valid), REPORT))
         rows = functools.reduce(DataFrame.unionByName, parts)
-        tasks = max(1, min(_parallelism(spark) * 2, math.ceil(u.count(sizes) / 50_000)))
+        tasks = max(1, min(parallelism(spark) * 2, math.ceil(u.count(sizes) / 50_000)))
         schema = from_arrow_schema(OUTPUT_SCHEMA)
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -602,7 +637,7 @@ class _Run:
         wh, where = self.warehouse, _at(version)
         sizes = {g: s.partitions for g, s in groups.items()}
         carried_groups = sorted(set(sizes) - (set(sizes) if u.everything else set(u.groups)))
-        keep = _carried(u, sizes) if prev is not None and carried_groups else None
+        keep = _Selection(self.spark, u, sizes) if prev is not None and carried_groups else None
 
         def large(name: str) -> DataFrame:
             columns = [f for f in OUTPUT_TABLES[name].fieldNames() if f not in VERSION_COLUMNS]
@@ -610,7 +645,7 @@ class _Run:
             if out is not None:
                 frames.append(out.where(F.col("kind") == KINDS[name]).select(*columns))
             if keep is not None and prev is not None:
-                frames.append(wh.read(name, where=_at(prev.version)).where(keep).select(*columns))
+                frames.append(keep.settled(wh.read(name, where=_at(prev.version))).select(*columns))
             if not frames:  # no running group
                 frames.append(wh.read(name).limit(0).select(*columns))
             return _versioned(functools.reduce(DataFrame.unionByName, frames), version)
@@ -648,7 +683,9 @@ class _Run:
         with meter.stage("writes"):
             wh.replace_where_arrow("topology", topology, where)
             self.hook("after:topology")
-            wh.replace_where_many(frames, where, committed=lambda name: self.hook(f"after:{name}"))
+            replicas = sum(g.partitions * (g.backups + 1) for g in groups.values())
+            wh.replace_where_many(frames, where, committed=lambda name: self.hook(f"after:{name}"),
+                                  rows_hint=4 * replicas)  # ideal, assignment, map; versions and routing
             for name, rows in (("counter_conflicts", small["counter_conflicts"]),
                                ("lost_partitions", small["lost_partitions"]), ("migration_plan", plan)):
                 wh.replace_where_arrow(name, small_table(name, rows), where)
@@ -741,13 +778,6 @@ def _norm(value: Any) -> Any:
     return value
 
 
-def _parallelism(spark: SparkSession) -> int:
-    try:
-        return int(spark.sparkContext.defaultParallelism)
-    except Exception:  # Spark Connect
-        return 2
-
-
 def _versioned(df: DataFrame, version: tuple[int, int]) -> DataFrame:
     return df.select(
         F.lit(version[0]).cast("long").alias("topology_major"), F.lit(version[1]).cast("int").alias("topology_minor"),
@@ -755,41 +785,74 @@ def _versioned(df: DataFrame, version: tuple[int, int]) -> DataFrame:
     )
 
 
-def _key(sizes: Mapping[str, int]) -> Column:
-    """``(group code) * 65536 + partition_id`` as a bigint, group codes numbering ``sizes`` in name order."""
-    codes = F.create_map(*[x for i, g in enumerate(sorted(sizes)) for x in (F.lit(g), F.lit(i))])
-    return codes[F.col("group_name")].cast("long") * MAX_PARTITIONS + F.col("partition_id")
+class _Selection:
+    """The rows of the unsettled partitions of a frame, or of the settled ones of carried groups.
+
+    Groups are chosen by SQL text (one py4j call: a Column built with ``isin`` makes one call per literal, 6.6 s
+    for an M scale-down's 3,896 keys). Single partitions too, up to :data:`KEYS_AS_LITERALS` of them; beyond, by a
+    join with a broadcast table of their keys: thousands of literals in a plan make every later analysis of it
+    slow (1.6 s to build an M scale-down's writes), while a broadcast costs a Spark job per query (4 to 10).
+    """
+
+    def __init__(self, spark: SparkSession, u: _Unsettled, sizes: Mapping[str, int]) -> None:
+        self.u, self.sizes = u, sizes
+        keys = sorted(k for k in u.keys if k[0] in sizes and k[0] not in u.groups)
+        self.literal: str | None = None
+        self.keys: DataFrame | None = None
+        if keys and len(keys) <= KEYS_AS_LITERALS:
+            codes = {g: i for i, g in enumerate(sorted(sizes))}
+            key_sql = (f"CAST(element_at({_sql_map(codes.items())}, group_name) AS BIGINT) * {MAX_PARTITIONS}"
+                       " + partition_id")
+            self.literal = f"{key_sql} IN ({_sql_list(codes[g] * MAX_PARTITIONS + p for g, p in keys)})"
+        elif keys:
+            self.keys = F.broadcast(spark.createDataFrame(pa.table(
+                {"group_name": [g for g, _ in keys], "partition_id": [p for _, p in keys]},
+                schema=pa.schema([("group_name", pa.string()), ("partition_id", pa.int32())]),
+            )))
+
+    def unsettled(self, df: DataFrame) -> DataFrame:
+        """Rows of the unsettled partitions (of running groups, in range)."""
+        in_range = _in_range_sql(self.sizes, self.sizes)
+        if self.u.everything:
+            return df.where(F.expr(in_range))
+        whole = _in_range_sql(self.u.groups, self.sizes)
+        if self.literal is not None:
+            return df.where(F.expr(f"{whole} OR ({in_range} AND {self.literal})"))
+        if self.keys is not None:
+            return df.where(F.expr(whole)).unionByName(
+                df.where(F.expr(in_range)).join(self.keys, list(PARTITION_KEY), "left_semi"))
+        return df.where(F.expr(whole))
+
+    def settled(self, df: DataFrame) -> DataFrame:
+        """Rows of the settled partitions of carried groups (running before and now, not recomputed whole)."""
+        carried = _in_range_sql(set(self.sizes) - set(self.u.groups), self.sizes)
+        if self.literal is not None:
+            return df.where(F.expr(f"{carried} AND NOT ({self.literal})"))
+        if self.keys is not None:
+            return df.where(F.expr(carried)).join(self.keys, list(PARTITION_KEY), "left_anti")
+        return df.where(F.expr(carried))
 
 
-def _key_values(keys: Sequence[tuple[str, int]], sizes: Mapping[str, int]) -> list[int]:
-    codes = {g: i for i, g in enumerate(sorted(sizes))}
-    return [codes[g] * MAX_PARTITIONS + p for g, p in keys if g in codes]
+def _sql_list(values: Iterable[str | int]) -> str:
+    return ", ".join(sql_literal(v) for v in values)
 
 
-def _selector(u: _Unsettled, sizes: Mapping[str, int]) -> Column:
-    """Rows of the unsettled partitions (of running groups, in range)."""
-    in_range = F.col("group_name").isin(sorted(sizes)) & (
-        F.col("partition_id") < F.element_at(F.create_map(*[x for g, n in sizes.items() for x in (F.lit(g), F.lit(n))]),
-                                             F.col("group_name"))
-    )
-    if u.everything:
-        return in_range
-    chosen = F.col("group_name").isin(sorted(u.groups)) if u.groups else F.lit(False)
-    if u.keys:
-        chosen = chosen | _key(sizes).isin(_key_values(sorted(u.keys), sizes))
-    return in_range & chosen
+def _sql_map(pairs: Iterable[tuple[str, int]]) -> str:
+    return "map(" + ", ".join(f"{sql_literal(k)}, {sql_literal(v)}" for k, v in pairs) + ")"
 
 
-def _carried(u: _Unsettled, sizes: Mapping[str, int]) -> Column:
-    """Rows of the settled partitions of carried groups (running before and now, not recomputed whole)."""
-    carried = sorted(set(sizes) - set(u.groups))
-    keep = F.col("group_name").isin(carried) & (
-        F.col("partition_id") < F.element_at(F.create_map(*[x for g, n in sizes.items() for x in (F.lit(g), F.lit(n))]),
-                                             F.col("group_name"))
-    )
-    if u.keys:
-        keep = keep & ~_key(sizes).isin(_key_values(sorted(u.keys), sizes))
-    return keep
+def _in_range_sql(groups: Iterable[str], sizes: Mapping[str, int]) -> str:
+    """Rows of ``groups`` whose partition_id is below the group's partition count."""
+    names = sorted(groups)
+    if not names:
+        return "FALSE"
+    return (f"(group_name IN ({_sql_list(names)}) AND "
+            f"partition_id < element_at({_sql_map((g, sizes[g]) for g in sorted(sizes))}, group_name))")
+
+
+def _pairs(t: pa.Table) -> set[tuple[str, int]]:
+    """The (group_name, partition_id) pairs of an Arrow table."""
+    return set(zip(t.column("group_name").to_pylist(), t.column("partition_id").to_pylist(), strict=True))
 
 
 def _filter_keys(t: pa.Table, u: _Unsettled, sizes: Mapping[str, int]) -> pa.Table:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from rebalancer import pipeline
 from rebalancer.pipeline import VERSIONED_TABLES
 from tests.exchange_scenarios import Cluster, assert_table, run_together
 
@@ -36,7 +37,19 @@ def steady_three_nodes(spark: Any, path: Path, partitions: int = 3, groups: dict
     return c
 
 
-def test_ignite_example_node_joins_moving_backup_then_switch(spark: Any, tmp_path: Path) -> None:
+@pytest.fixture(params=["driver", "spark"])
+def unsettled_finder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which partitions a join or a failure touches is found on the driver for small clusters and by a Spark job
+    for large ones, and they are selected by literals when few, by a broadcast join when many: run the scenario
+    both ways (thresholds 0 force the Spark job and the join)."""
+    if request.param == "spark":
+        monkeypatch.setattr(pipeline, "DRIVER_COPIES", 0)
+        monkeypatch.setattr(pipeline, "DRIVER_RANKINGS", 0)
+        monkeypatch.setattr(pipeline, "KEYS_AS_LITERALS", 0)
+    return str(request.param)
+
+
+def test_ignite_example_node_joins_moving_backup_then_switch(spark: Any, tmp_path: Path, unsettled_finder: str) -> None:
     c = steady_three_nodes(spark, tmp_path / "w")
     assert_table(c, "affinity_assignment", (3, 0), ASSIGNMENT,
                  [("g", p, i, n, False) for p, nodes in IDEAL_3.items() for i, n in enumerate(nodes)])
@@ -97,7 +110,7 @@ def test_new_ideal_primary_loads_while_the_old_primary_serves_temporarily(spark:
     assert (3, "n4") in c.rows("client_affinity", (4, 1), "partition_id", "primary_node")
 
 
-def test_primary_failure_promotes_the_backup(spark: Any, tmp_path: Path) -> None:
+def test_primary_failure_promotes_the_backup(spark: Any, tmp_path: Path, unsettled_finder: str) -> None:
     c = steady_three_nodes(spark, tmp_path / "w")
     c.event("NODE_FAILED", node="n2")
     [s] = c.exchange()

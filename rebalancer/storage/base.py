@@ -735,11 +735,13 @@ class Warehouse(abc.ABC):
         frames: Mapping[str, DataFrame],
         where: Mapping[str, WhereValue],
         committed: Callable[[str], None] | None = None,
+        rows_hint: int | None = None,
     ) -> None:
         """:meth:`replace_where` of several tables with one ``where``: one commit per table, in ``frames`` order.
 
-        Engines may compute every table's data files in one Spark job before the first commit (delta-rs does);
-        ``committed`` is called with each table's name right after its commit.
+        Engines may compute every table's data files in one Spark job before the first commit (delta-rs does for
+        small writes); ``committed`` is called with each table's name right after its commit. ``rows_hint``: about
+        how many rows the frames hold in all (None: unknown), for engines that choose their write path by size.
         """
         for name, df in frames.items():
             self.replace_where(name, df, where)
