@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-all interop bench-interop soak lint bench bench-quick clean
+.PHONY: install demo test test-all interop interop-slow bench-interop soak lint bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 not found (tried python3.11, python3)"; exit 1; }
@@ -35,6 +35,11 @@ test-all: $(STAMP)
 # and mvn: the jars come from Maven Central once, into .cache/m2). `make test` runs the fast ones, `test-all` all.
 interop: $(STAMP)
 	$(PY) -m pytest -q -m "" tests/interop --durations=10
+
+# Only the slow interop tests (the exchange replays against real Ignite, Hazelcast's migrations): CI runs them
+# after `make test`, which runs the fast ones.
+interop-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow tests/interop --durations=10
 
 # Hazelcast's parallel-migrations benchmark on real Hazelcast at 20,000 partitions, against our planner.
 bench-interop: $(STAMP)

@@ -401,7 +401,7 @@ class _Run:
         small = {name: DECISION_SCHEMAS[name].empty_table() for name in _SMALL_KINDS}
         summary_counts = dict.fromkeys(SUMMARY_COLUMNS, 0)
         summary_counts["max_report_seq"] = -1
-        if unsettled.everything or unsettled.groups or unsettled.keys:
+        if groups and (unsettled.everything or unsettled.groups or unsettled.keys):  # no running group: nothing
             with meter.stage("kernel"):
                 out = self._kernel(step, prev, groups, unsettled, reports)
                 collected = out.where(F.col("kind").isin([KINDS[k] for k in _SMALL_KINDS] + [SUMMARY])).toArrow()

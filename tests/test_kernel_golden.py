@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -767,3 +768,29 @@ def test_property_owned_partitions_get_owning_primary_and_lost_iff_no_owner(s: d
             assert (g, p) not in owned_final
             assert all(final_map[(g, p, n)] == LS for n in ideal[(g, p)])
 
+
+
+def test_a_placement_given_outside_the_kernel_replaces_the_affinity_function() -> None:
+    """``KernelContext.placements``: the ideal lists are the given matrix (another system's layout), and the plan
+    moves toward it like toward any ideal: p0 gains n3 as primary (copy, promote, drop n2); p1 already matches."""
+    n1, n2, n3 = "n1", "n2", "n3"
+    groups, nodes = [GroupSettings("g", 2, 1)], [n1, n2, n3]
+    prev_map = owning("g", 0, [n1, n2], 10, 100, 1000) + owning("g", 1, [n2, n3], 10, 100, 1000)
+    prev = (map_rows(prev_map) + assignment_rows({("g", 0): ([n1, n2], False), ("g", 1): ([n2, n3], False)})
+            + version_rows({("g", 0): 1, ("g", 1): 1}))
+    ctx = context(groups, nodes)
+    index = {n: i for i, n in enumerate(ctx.nodes.node_ids)}
+    target = np.array([[index[n3], index[n1]], [index[n2], index[n3]]], dtype=np.int32)
+    table = kernel_input(groups, prev)
+    d = decide(table, replace(ctx, placements={"g": target}))
+    out = Exchange(table, d, finish_plan(d.steps, MigrationSettings()))
+
+    assert out.ideal() == {("g", 0): [n3, n1], ("g", 1): [n2, n3]}
+    assert out.assignment() == assignment_of({("g", 0): ([n1, n3], True), ("g", 1): ([n2, n3], False)})
+    assert out.steps() == [
+        copy(1, "g", 0, 1, n1, n3, FULL, 0, 10, 1000),
+        promote(2, "g", 0, 2, n1, n3),
+        drop(3, "g", 0, 3, n2),
+    ]
+    # without the placement the same input is placed by rendezvous, which differs here
+    assert run(groups, nodes, prev).ideal() != out.ideal()

@@ -208,6 +208,9 @@ class KernelContext:
         groups: the running groups by name.
         history_threshold: ``rebalance.history_threshold``: a supplier must hold more entries for HISTORICAL.
         ids_as_strings: ``affinity.ignite_ids_as_strings``.
+        placements: a group's replica matrix decided outside the kernel, used instead of its affinity function:
+            row = partition id, indexes into ``nodes``, column 0 the primary, -1 = empty slot (the shape of
+            :func:`rebalancer.affinity.assign.assign_indexes`). Placing toward another system's layout.
     """
 
     nodes: NodeSet
@@ -215,6 +218,7 @@ class KernelContext:
     groups: Mapping[str, GroupSettings]
     history_threshold: int = 500
     ids_as_strings: bool = False
+    placements: Mapping[str, npt.NDArray[np.int32]] = field(default_factory=dict)
     _cache: dict[str, object] = field(default_factory=dict, init=False, repr=False, compare=False)
 
 
@@ -495,7 +499,8 @@ def _ideal(batch: _Batch, ctx: KernelContext) -> _Ideal:
         members = all_q[batch.group == g]
         if members.size == 0 or len(ctx.nodes) == 0:
             continue
-        matrix = assign_indexes(
+        placed = ctx.placements.get(settings.name)
+        matrix = placed[batch.pid[members]] if placed is not None else assign_indexes(
             batch.pid[members], ctx.nodes, settings.backups, settings.affinity, settings.mode,
             settings.exclude_neighbors, settings.backup_filter, ctx.ids_as_strings,
         )

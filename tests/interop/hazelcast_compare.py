@@ -6,7 +6,8 @@ Contract:
     - :func:`classify` sorts the migrations Hazelcast's master completed (with their replica indexes, from the
       harness) into Hazelcast's kinds and says which move data: a migration moves data when its destination gets a
       replica index <= backups and held none of the partition's data before (no replica, or one above backups).
-    - :func:`compare` plans the same change with rebalancer's stages from Hazelcast's layout before it, for two
+    - :func:`compare` plans the same change with rebalancer's exchange kernel from Hazelcast's layout before it (no
+      Spark: the kernel's ``decide`` on every partition in one batch, as the pipeline's tasks run it), for two
       targets: Hazelcast's own layout after it (same target: planner and schedule compared) and rebalancer's
       rendezvous ideal over the members after it; it schedules both plans, and Hazelcast's migrations, under
       rebalancer's cost model. Every figure is a plain dict of numbers, for the test and for docs/INTEROP.md.
@@ -18,16 +19,26 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import SparkSession
 
+from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.client.affinity import assign
 from rebalancer.config import MigrationSettings
-from rebalancer.exchange import demands, fullmap, late_affinity
-from rebalancer.exchange.fullmap import MAP_SCHEMA, REPORT_SCHEMA
-from rebalancer.planning import planner
+from rebalancer.exchange.kernel import (
+    ASSIGNMENT,
+    INPUT_SCHEMA,
+    MAP,
+    PARTITION,
+    VERSION,
+    GroupSettings,
+    KernelContext,
+    decide,
+)
+from rebalancer.planning.plan import cost_model, finish_plan
 from rebalancer.planning.schedule import PLAN_INPUT_SCHEMA, lower_bound, makespan, schedule
+from rebalancer.vocabulary import OWNING
 
 GROUP = "hz"
 PARTITION_BYTES = 205_000_000  # the benchmark's 4.1 TB over 20,000 partitions (docs/PLANNING.md)
@@ -114,24 +125,38 @@ class PlanFigures:
     lower_bound_s: float
 
 
-def _our_plan(spark: SparkSession, before: Layout, after: Layout, alive: list[str]) -> pa.Table:
-    ddl = "group_name string, partition_id int, replica_index int, node_id string"
-    ideal = spark.createDataFrame([(GROUP, p, i, n) for p, ns in enumerate(after) for i, n in enumerate(ns)], ddl)
-    prev = spark.createDataFrame([(GROUP, p, i, n) for p, ns in enumerate(before) for i, n in enumerate(ns)], ddl)
-    copies = [(GROUP, p, n, "OWNING", COUNTER, ENTRIES, PARTITION_BYTES)
-              for p, ns in enumerate(before) for n in ns if n in alive]
-    map_df = spark.createDataFrame(copies, MAP_SCHEMA).localCheckpoint()
-    ideal = ideal.localCheckpoint()
-    nodes = spark.createDataFrame([(n, i + 1) for i, n in enumerate(alive)], "node_id string, node_order bigint")
-    assignment = late_affinity.late_affinity(ideal, prev, map_df, nodes).localCheckpoint()
-    map_df = late_affinity.surplus_to_renting(map_df, assignment, ideal)
-    map_df = demands.add_moving_targets(map_df, ideal).localCheckpoint()
-    no_reports = fullmap.latest_reports(spark.createDataFrame([], REPORT_SCHEMA))
-    return planner.plan_migrations(ideal, assignment, map_df, no_reports, history_threshold=500).toArrow()
+def _kernel_input(before: Layout) -> pa.Table:
+    """The kernel's rows: every partition's marker, Hazelcast's data replicas as OWNING copies at one counter (on
+    alive and gone members alike), the previous assignment (the same lists) and the previous version (1)."""
+    rows: list[dict[str, Any]] = []
+    for p, nodes in enumerate(before):
+        rows.append({"kind": PARTITION, "group_name": GROUP, "partition_id": p})
+        for i, n in enumerate(nodes):
+            rows.append({"kind": MAP, "group_name": GROUP, "partition_id": p, "node_id": n, "state": OWNING,
+                         "update_counter": COUNTER, "size": ENTRIES, "bytes": PARTITION_BYTES})
+            rows.append({"kind": ASSIGNMENT, "group_name": GROUP, "partition_id": p, "node_id": n,
+                         "replica_index": i, "is_temporary": False})
+        rows.append({"kind": VERSION, "group_name": GROUP, "partition_id": p, "partition_version": 1})
+    return pa.Table.from_pylist(rows, schema=INPUT_SCHEMA)
+
+
+def _our_plan(before: Layout, after: Layout, alive: list[str], backups: int) -> pa.Table:
+    """The kernel's plan from ``before`` to the target ``after`` (placed as given, not by an affinity function),
+    over the ``alive`` members (a graceful leaver is alive: it supplies its data until the copies are done)."""
+    nodes = NodeSet.of(sorted(alive))
+    index = {n: i for i, n in enumerate(nodes.node_ids)}
+    width = max(len(r) for r in after)
+    target = np.full((len(after), width), -1, dtype=np.int32)
+    for p, row in enumerate(after):
+        target[p, : len(row)] = [index[n] for n in row]
+    ctx = KernelContext(nodes, {n: i + 1 for i, n in enumerate(nodes.node_ids)},
+                        {GROUP: GroupSettings(GROUP, len(after), backups)}, history_threshold=500,
+                        placements={GROUP: target})
+    return finish_plan(decide(_kernel_input(before), ctx).steps, MigrationSettings())  # decide checks invariants
 
 
 def _figures(plan: pa.Table, policy: str, cap: int) -> PlanFigures:
-    model = planner.cost_model(MigrationSettings().model_copy(update={"max_parallel_per_node": cap}))
+    model = cost_model(MigrationSettings().model_copy(update={"max_parallel_per_node": cap}))
     counts = {r["values"]: r["counts"] for r in pc.value_counts(plan.column("action")).to_pylist()}
     scheduled = schedule(plan, model, policy)
     return PlanFigures(counts.get("COPY", 0), counts.get("PROMOTE", 0), counts.get("DROP", 0), plan.num_rows,
@@ -170,7 +195,7 @@ def hazelcast_plan(migrations: list[dict[str, Any]], before: Layout, after: Layo
     return pa.Table.from_pylist(rows, schema=PLAN_INPUT_SCHEMA)
 
 
-def compare(spark: SparkSession, run: dict[str, Any], cap: int = 10) -> list[dict[str, Any]]:
+def compare(run: dict[str, Any], cap: int = 10) -> list[dict[str, Any]]:
     """One row per scenario step of ``run`` (the harness dump of :func:`benchmark_script`)."""
     backups = int(run["backups"])
     steps = run["steps"]
@@ -189,9 +214,9 @@ def compare(spark: SparkSession, run: dict[str, Any], cap: int = 10) -> list[dic
         alive = members_after + ([leaver] if graceful else [])
         hz = classify(step["migrations"], backups)
         hz_plan = hazelcast_plan(hz["rows"], before, after, backups)
-        same_target = _our_plan(spark, before, after, alive)
+        same_target = _our_plan(before, after, alive, backups)
         ours_ideal = [list(r) for r in assign(sorted(members_after), len(after), backups)]
-        own_target = _our_plan(spark, before, ours_ideal, alive)
+        own_target = _our_plan(before, ours_ideal, alive, backups)
         out.append({
             "scenario": scenario,
             "partitions": len(after),

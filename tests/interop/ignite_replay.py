@@ -4,8 +4,7 @@ Contract:
     - :func:`replay` turns every harness step into rows of rebalancer's input tables (``nodes``,
       ``topology_events``, ``cache_groups`` and the ``partition_reports`` the nodes would send, taken from the
       harness's dump of each node's local partitions) and runs the exchange after each step, through
-      :func:`run_exchange_once`, the only call into the exchange job (its entry point moves during the pipeline
-      rewrite: change that one line).
+      :func:`run_exchange_once`, the only call into the exchange pipeline.
     - Reports are the changes between two dumps. For a ``rebalance`` step they are written before the exchange
       (rebalancing finished, so the new copies own and the switch is due), evictions after it; for every other
       step after the exchange (a node's single message carries the states the exchange itself decided).
@@ -25,6 +24,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from rebalancer.config import Settings
+from rebalancer.pipeline import run_exchange
 from rebalancer.storage import Warehouse, open_warehouse
 from rebalancer.tables import INPUT_TABLES
 
@@ -35,9 +35,7 @@ Copy = tuple[str, str, int]  # (node, cache, partition)
 
 
 def run_exchange_once(spark: SparkSession, warehouse: Warehouse, settings: Settings, now: datetime) -> list[Any]:
-    """The one call into the exchange job: every pending event and new report, committed versions' summaries."""
-    from rebalancer.exchange.job import run_exchange
-
+    """The one call into the exchange pipeline: every pending event and new report, committed versions' summaries."""
     return run_exchange(spark, warehouse, settings, clock=lambda: now)
 
 

@@ -93,8 +93,8 @@ def test_hazelcast_moves_exactly_the_data_its_own_layout_change_needs(migration_
 
 
 @pytest.mark.slow
-def test_our_plan_of_the_same_change_is_minimal_and_not_slower(spark: Any, migration_run: dict[str, Any]) -> None:
-    rows = compare(spark, migration_run)
+def test_our_plan_of_the_same_change_is_minimal_and_not_slower(migration_run: dict[str, Any]) -> None:
+    rows = compare(migration_run)
     assert [r["scenario"] for r in rows] == ["graceful shutdown 10 -> 9", "join 9 -> 10", "crash 10 -> 9"]
     for r in rows:
         ours, hz = r["ours_same_target"], r["hazelcast_plan"]
