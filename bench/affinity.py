@@ -9,7 +9,8 @@ one warm-up run, then the median of 3 timed runs of
 - ``kernel``: the NumPy kernel for the same partitions in this process, single-threaded, no Spark.
 
 Prints a Markdown table and writes ``bench/results/affinity.json``. Run from the repository root:
-``.venv/bin/python bench/affinity.py`` (add ``--quick`` for the two small cases only).
+``.venv/bin/python bench/affinity.py`` (add ``--quick`` for the two small cases only, ``--tiny`` for the smallest,
+one timed run each: a smoke test).
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ import numpy as np  # noqa: E402
 import pyspark  # noqa: E402
 from pyspark.sql import DataFrame  # noqa: E402
 
+from rebalancer.affinity.assign import assign_indexes  # noqa: E402
 from rebalancer.affinity.ideal import ideal_assignment  # noqa: E402
 from rebalancer.affinity.nodeset import NodeSet  # noqa: E402
-from rebalancer.client.affinity import assign_indexes  # noqa: E402
 from rebalancer.config import AffinitySettings, SparkSettings  # noqa: E402
 from rebalancer.session import get_spark  # noqa: E402
 from rebalancer.tables import CACHE_GROUPS, NODES  # noqa: E402
@@ -79,9 +80,11 @@ def run_kernel(node_set: NodeSet, sizes: list[int], affinity: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the two small cases")
+    parser.add_argument("--tiny", action="store_true", help="only the smallest case, one timed run (a smoke test)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "affinity.json")
     args = parser.parse_args()
-    cases = CASES[:2] if args.quick else CASES
+    cases = CASES[:1] if args.tiny else CASES[:2] if args.quick else CASES
+    runs = 1 if args.tiny else RUNS
 
     spark = get_spark(SparkSettings(master="local[*]", app_name="rebalancer-bench-affinity"))
     settings = AffinitySettings()
@@ -100,8 +103,8 @@ def main() -> None:
                 CACHE_GROUPS,
             )
 
-            spark_runs = timed(partial(run_spark, nodes_df, groups_df, settings), RUNS)
-            kernel_runs = timed(partial(run_kernel, node_set, sizes, affinity), RUNS)
+            spark_runs = timed(partial(run_spark, nodes_df, groups_df, settings), runs)
+            kernel_runs = timed(partial(run_kernel, node_set, sizes, affinity), runs)
             results.append({
                 "partitions": partitions,
                 "nodes": n,
@@ -115,7 +118,8 @@ def main() -> None:
             })
             print(f"done {partitions} x {n} {affinity}", file=sys.stderr, flush=True)
     report = {
-        "command": ".venv/bin/python bench/affinity.py" + (" --quick" if args.quick else ""),
+        "command": " ".join([".venv/bin/python bench/affinity.py", *(["--tiny"] if args.tiny else []),
+                             *(["--quick"] if args.quick else [])]),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {
             "cpus": os.cpu_count(),
@@ -131,7 +135,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
 
-    print("| partitions x nodes | affinity | Spark stage, local[*] (median of 3) | NumPy kernel, 1 core, no Spark |")
+    print(f"| partitions x nodes | affinity | Spark stage, local[*] (median of {runs}) "
+          "| NumPy kernel, 1 core, no Spark |")
     print("|---|---|---|---|")
     for r in results:
         print(f"| {r['partitions']:,} x {r['nodes']:,} | {r['affinity']} | {r['spark_median_s']:.2f} s "

@@ -4,11 +4,12 @@ What runs (``make bench``):
 
 - Every *scenario change* below as its own ``bench/exchange.py`` subprocess, so that each has a fresh JVM and its
   own memory figures. exchange.py generates the cluster with the ``rebalancer generate`` CLI (fixed seed), runs the
-  first exchange, then times ``--runs`` whole-process ``rebalancer exchange`` runs and as many ``run_exchange`` runs
-  in its warm session, each after restoring the post-first-exchange warehouse and appending the change's event;
-  then it counts migrations against their minimum and schedules the plan by three policies (its docstring has the
-  details). Changes of one scenario that start from the same cluster share it: the first one keeps its
-  post-first-exchange warehouse, the next ones start from a copy (``--save-pristine`` / ``--pristine``).
+  first exchange, then times ``--runs`` whole-process ``rebalancer exchange`` runs (each beside a whole-process
+  ``rebalancer sql "SELECT 1"``) and as many ``run_exchange`` runs in its warm session, each after restoring the
+  post-first-exchange warehouse and appending the change's event; stage seconds and Spark job counts are read as
+  data (the committed ``exchanges`` row, ``ExchangeSummary``); then it counts migrations against their minimum
+  and re-schedules the committed plan by three policies (its docstring has the details). Changes of one scenario
+  that start from the same cluster share it (``--save-pristine`` / ``--pristine``).
 
   ====  =====================================================================  =========================================
   name  cluster                                                                changes
@@ -21,25 +22,26 @@ What runs (``make bench``):
   XXL   1,000 nodes, 912 x 1,024, 2 backups (2,801,664 replicas)               node500 fails
   ====  =====================================================================  =========================================
 
-  For M, the rebuilt plan is also scheduled at per-node caps 1, 2, 5, 10 and 20.
-- ``bench/migrations.py`` (Hazelcast's graceful scale-down in our cost model) and ``bench/affinity.py`` (the
-  ideal-assignment stage), each in its own subprocess.
+  For M, the committed plan is also scheduled at per-node caps 1, 2, 5, 10 and 20.
+- ``bench/migrations.py`` (Hazelcast's scenario planned by the kernel, pure Python), ``bench/affinity.py`` (the
+  ideal-assignment stage) and ``demo`` (the whole process ``rebalancer demo``, what ``make demo`` runs after the
+  install, in a temporary directory), each in its own subprocess.
 
 Everything lands in ``bench/results/latest.json``; the page ``docs/BENCHMARKS.md`` and the plots
-``docs/images/bench-*.png`` are generated from it (``--from-results`` regenerates them from a results file without
-measuring anything).
+``docs/images/bench-*.png`` are generated from it (``--from-results`` regenerates them without measuring). The page
+puts the figures of ``--before`` (default ``bench/results/before-kernel.json``: the results the suite committed
+before issue 13's one-pass exchange) beside the new ones, for the changes measured at the same size, and judges the
+issue's targets (met / not met). ``--notes FILE`` (default ``bench/results/targets-notes.md`` when it exists) is
+Markdown put under the targets table: what would meet the targets not met.
 
-``--quick`` (``make bench-quick``, under 5 minutes) runs the M crash, with the M cap sweep, writes
-``bench/results/quick.json`` and prints the tables; it leaves latest.json, the page and the plots alone. It times one
-warm and one whole-process run per change (``--runs``/``--cli-runs`` change that): each change already pays a fixed
-cost (the CLI generation, a JVM start, the first exchange in a cold session, the migration analysis) that is most
-of its time at the engine's current speed on 2 cores. It is a smoke test of the numbers, not a measurement of
-their spread.
+``--quick`` (``make bench-quick``) runs the M crash with the M cap sweep, one warm and one whole-process run, writes
+``bench/results/quick.json`` and prints the page; it leaves latest.json, the page and the plots alone.
 
-Options: ``--only S,M`` (scenario names, ``M/crash`` for one change, ``migrations``, ``affinity``), ``--runs``,
-``--cli-runs``, ``--profile`` (exchange.py's instrumented run), ``--tiny`` (for trying the suite out: M, L, XL and XXL
-shrunk to a few hundred partitions; the results and the page say so), ``--migrations-from FILE`` /
-``--affinity-from FILE`` (take that benchmark's results from an earlier run instead of running it).
+Options: ``--only S,M`` (scenario names, ``M/crash`` for one change, ``migrations``, ``affinity``, ``demo``),
+``--runs``, ``--cli-runs``, ``--tiny`` (for trying the suite out: M, L, XL and XXL shrunk to a few hundred
+partitions, a small demo; the results and the page say so), ``--migrations-from FILE`` / ``--affinity-from FILE``
+(take that benchmark's results from an earlier run), ``--merge FILE...`` (with ``--from-results``: add the
+changes of other results files).
 
 Run from the repository root: ``.venv/bin/python bench/suite.py [--quick]``. This script itself imports neither
 Spark nor the package: it only starts the benchmarks and formats their results (matplotlib for the plots).
@@ -52,7 +54,6 @@ import json
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,6 +67,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
+BEFORE = RESULTS / "before-kernel.json"
+NOTES = RESULTS / "targets-notes.md"
 DOC = REPO / "docs" / "BENCHMARKS.md"
 IMAGES = REPO / "docs" / "images"
 TIME_PLOT = "bench-time-vs-replicas.png"
@@ -75,8 +78,15 @@ SEED = 20_261_121
 CAPS = (1, 2, 5, 10, 20)
 SCENARIO_ORDER = ("S", "M", "L", "XL", "XXL")
 NICE_SECONDS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800, 3600, 7200)
-OTHER_BENCHMARKS = ("migrations", "affinity")
+OTHER_BENCHMARKS = ("migrations", "affinity", "demo")
 GIB = 2**30
+#: Issue 13's targets: whole-process and warm seconds per scenario, jobs per exchange, memory, the demo.
+WHOLE_PROCESS_S = {"S": 8.0, "M": 12.0, "XL": 30.0, "XXL": 90.0}
+WARM_S = {"S": 1.5, "M": 3.0}
+SELECT1_FACTOR = 2.0  # M: at most twice a `rebalancer sql "SELECT 1"` process of the same run
+XXL_PEAK_GIB = 6.0
+MAX_JOBS = 12
+DEMO_S = 90.0
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -165,15 +175,15 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] suite: {message}", file=sys.stderr, flush=True)
 
 
-def run_logged(cmd: list[str], log_path: Path) -> tuple[int, float, str]:
-    """Run ``cmd`` from the repository root, its stderr shown as it comes (progress) and both streams kept in
-    ``log_path``; returns the exit code, the wall seconds and the last lines of stderr."""
+def run_logged(cmd: list[str], log_path: Path, cwd: Path = REPO) -> tuple[int, float, str]:
+    """Run ``cmd`` (from the repository root by default), its stderr shown as it comes (progress) and both streams
+    kept in ``log_path``; returns the exit code, the wall seconds and the last lines of stderr."""
     t0 = time.perf_counter()
     tail: deque[str] = deque(maxlen=25)
     with open(log_path, "w") as out:
         out.write(f"$ {shlex.join(cmd)}\n")
         out.flush()
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.PIPE, text=True)
         assert proc.stderr is not None
         for line in proc.stderr:
             sys.stderr.write("    " + line)
@@ -195,8 +205,6 @@ def exchange_command(c: Change, out: Path, args: argparse.Namespace, pristine: d
         cmd += ["--conf", c.conf]
     if c.caps:
         cmd += ["--caps", ",".join(map(str, c.caps))]
-    if not args.profile:
-        cmd.append("--no-profile")
     if c.base in pristine:
         cmd += ["--pristine", str(pristine[c.base])]
     elif c.base in shared:
@@ -205,8 +213,7 @@ def exchange_command(c: Change, out: Path, args: argparse.Namespace, pristine: d
     return cmd
 
 
-def run_changes(changes: list[Change], args: argparse.Namespace, work: Path,
-                save: Any) -> list[dict[str, Any]]:
+def run_changes(changes: list[Change], args: argparse.Namespace, work: Path, save: Any) -> list[dict[str, Any]]:
     """Every change in its own exchange.py process; a failed change is recorded with its error and the rest go on."""
     bases = [c.base for c in changes]
     shared = {b for b in bases if bases.count(b) > 1}
@@ -234,12 +241,14 @@ def run_changes(changes: list[Change], args: argparse.Namespace, work: Path,
     return entries
 
 
-def run_other(name: str, work: Path, reuse: Path | None) -> dict[str, Any]:
-    """bench/migrations.py or bench/affinity.py in a subprocess (or an earlier result file of it)."""
+def run_other(name: str, work: Path, reuse: Path | None, tiny: bool) -> dict[str, Any]:
+    """bench/migrations.py, bench/affinity.py or the demo in a subprocess (or an earlier result file of it)."""
     if reuse is not None:
         return {"command": None, "reused_from": str(reuse), "result": json.loads(reuse.read_text()), "error": None}
+    if name == "demo":
+        return run_demo(work, tiny)
     out = work / f"{name}.json"
-    cmd = [sys.executable, f"bench/{name}.py", "--out", str(out)]
+    cmd = [sys.executable, f"bench/{name}.py", "--out", str(out)] + (["--tiny"] if tiny else [])
     log(f"{name}: {shlex.join(['python', *cmd[1:]])}")
     code, seconds, tail = run_logged(cmd, work / f"{name}.log")
     ok = code == 0 and out.exists()
@@ -247,6 +256,22 @@ def run_other(name: str, work: Path, reuse: Path | None) -> dict[str, Any]:
     return {"command": shlex.join(["python", *cmd[1:]]), "seconds": seconds, "reused_from": None,
             "result": json.loads(out.read_text()) if ok else None,
             "error": None if ok else f"exit code {code}; last lines of stderr:\n{tail}"}
+
+
+def run_demo(work: Path, tiny: bool) -> dict[str, Any]:
+    """The whole process ``rebalancer demo`` (what ``make demo`` runs once installed) in a fresh directory."""
+    home = work / "demo"
+    home.mkdir()
+    cmd = [str(Path(sys.executable).with_name("rebalancer")), "--warehouse", str(home / "warehouse"), "demo",
+           "--report-dir", str(home / "report")]
+    if tiny:
+        cmd += ["--nodes", "4", "--groups", "1", "--partitions", "16"]
+    log(f"demo: {shlex.join(cmd)}")
+    code, seconds, tail = run_logged(cmd, work / "demo.log", cwd=home)
+    log(f"demo: {seconds:.0f} s" + ("" if code == 0 else f" FAILED (exit code {code})"))
+    return {"command": shlex.join(["rebalancer", *cmd[1:]]), "seconds": seconds, "reused_from": None,
+            "result": {"wall_s": seconds, "tiny": tiny} if code == 0 else None,
+            "error": None if code == 0 else f"exit code {code}; last lines of stderr:\n{tail}"}
 
 
 def shown(path: Path) -> str:
@@ -300,16 +325,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "mode": "quick" if args.quick else "full", "tiny": args.tiny,
             "command": shlex.join([".venv/bin/python", "bench/suite.py", *sys.argv[1:]]),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-            "finished": None, "seconds": None, "runs": args.runs, "cli_runs": args.cli_runs,
-            "only": args.only,
+            "finished": None, "seconds": None, "runs": args.runs, "cli_runs": args.cli_runs, "only": args.only,
         },
         "machine": machine_facts(),
         "code": {"commit": git("rev-parse", "--short", "HEAD"),
                  "uncommitted_changes": git("status", "--porcelain").splitlines()},
         "load_average_before": [round(x, 2) for x in os.getloadavg()],
         "changes": [],
-        "migrations": None,
-        "affinity": None,
+        **dict.fromkeys(OTHER_BENCHMARKS),
     }
 
     def save(entries: list[dict[str, Any]] | None = None) -> None:
@@ -323,8 +346,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         if changes:
             run_changes(changes, args, work, save)
         for name in others:
-            reuse = args.migrations_from if name == "migrations" else args.affinity_from
-            results[name] = run_other(name, work, reuse)
+            reuse = {"migrations": args.migrations_from, "affinity": args.affinity_from}.get(name)
+            results[name] = run_other(name, work, reuse, args.tiny)
             save()
     results["suite"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     results["suite"]["seconds"] = round(time.time() - started, 1)
@@ -352,12 +375,20 @@ def secs(value: float | None) -> str:
     return f"{h}h{m:02d}m"
 
 
-def spread_text(s: dict[str, Any] | None) -> str:
+def spread_text(s: dict[str, Any] | None, unit: str = " s") -> str:
+    """``median (min-max)``, or ``median (n runs)`` when every run gave the same figure."""
     if not s:
         return "-"
     if s["min"] == s["max"]:
-        return f"{s['median']:.1f} ({len(s['runs'])} run{'s' if len(s['runs']) != 1 else ''})"
-    return f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})"
+        n = len(s["runs"])
+        return f"{s['median']:,.1f}{unit} ({n} run{'s' if n != 1 else ''})"
+    return f"{s['median']:,.1f}{unit} ({s['min']:,.1f}-{s['max']:,.1f})"
+
+
+def count_text(s: dict[str, Any] | None) -> str:
+    if not s:
+        return "-"
+    return f"{s['median']:,.0f}" if s["min"] == s["max"] else f"{s['median']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f})"
 
 
 def size(n_bytes: float | None) -> str:
@@ -383,47 +414,93 @@ def measured(results: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for c in results["changes"] if c.get("result")]
 
 
-def peak_mb(r: dict[str, Any], role: str) -> tuple[float | None, str]:
-    """The largest peak RSS of a role over the whole-process runs (the warm runs when there are none)."""
-    for mode in ("cli", "warm"):
-        s = r["summary"].get(mode)
+def mode(c: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The summary of one mode (``cli``, ``select1``, ``warm``) of a measured change, None when not run."""
+    return c["result"]["summary"].get(name) if c.get("result") else None
+
+
+def median(c: dict[str, Any] | None, name: str, key: str = "wall_s") -> float | None:
+    s = mode(c, name) if c else None
+    return s[key]["median"] if s and s.get(key) else None
+
+
+def peak_gib(c: dict[str, Any] | None) -> float | None:
+    """The largest sum of the driver, JVM and Python workers' peaks over the whole-process runs (warm if none)."""
+    for name in ("cli", "warm"):
+        s = mode(c, name) if c else None
         if s:
-            value = s["peak_rss_sum_mb"]["max"] if role == "sum" else s["peak_rss_mb"][role]["max"]
-            return value, mode
-    return None, "-"
+            return s["peak_rss_sum_mb"]["max"] / 1024
+    return None
+
+
+def most_jobs(c: dict[str, Any]) -> int | None:
+    """The most Spark jobs any run of the change started for its exchange (whole process or warm)."""
+    counts = [s["spark_jobs"]["max"] for name in ("cli", "warm") if (s := mode(c, name)) and s.get("spark_jobs")]
+    return max(counts) if counts else None
+
+
+class Before:
+    """The results of ``--before`` (today's figures), by change key, for the changes measured at the same size."""
+
+    def __init__(self, results: dict[str, Any] | None, source: str | None) -> None:
+        self.results, self.source = results, source
+        self.changes = {c["key"]: c for c in (results or {}).get("changes", []) if c.get("result")}
+
+    def of(self, c: dict[str, Any]) -> dict[str, Any] | None:
+        old = self.changes.get(c["key"])
+        return old if old and old["replicas"] == c["replicas"] else None
+
+    def jobs(self, c: dict[str, Any]) -> int | None:
+        """The earlier benchmark's count: job ids the warm session allocated during the exchange (median)."""
+        s = mode(old, "warm") if (old := self.of(c)) else None
+        return round(s["spark_jobs"]["median"]) if s and s.get("spark_jobs") else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The page
 # ---------------------------------------------------------------------------------------------------------------
-def summary_table(results: dict[str, Any]) -> list[str]:
+def time_table(results: dict[str, Any], before: Before) -> list[str]:
     rows = []
     for c in results["changes"]:
         if not c.get("result"):
             rows.append([c["scenario"], c["label"], f"{c['replicas']:,}", "**failed**: see the results file",
-                         *["-"] * 8])
+                         *["-"] * 9])
             continue
-        r = c["result"]
-        cli, warm, mig = r["summary"].get("cli"), r["summary"].get("warm"), r["migrations"]
-        driver, mode = peak_mb(r, "driver")
-        jvm, _ = peak_mb(r, "jvm")
-        mk, per_node = mig["makespan"], mig["replicas_per_node"]
+        old = before.of(c)
         rows.append([
             c["scenario"], c["label"], f"{c['replicas']:,}",
-            spread_text(cli["wall_s"]) if cli else "-",
-            spread_text(warm["wall_s"]) if warm else "-",
-            f"{driver / 1024:.2f} / {jvm / 1024:.2f}" + ("" if mode == "cli" else " (warm)"),
+            secs(median(old, "cli")), spread_text(mode(c, "cli")["wall_s"]) if mode(c, "cli") else "-",
+            secs(median(old, "warm")), spread_text(mode(c, "warm")["wall_s"]) if mode(c, "warm") else "-",
+            spread_text(mode(c, "select1")["wall_s"]) if mode(c, "select1") else "-",
+            f"{before.jobs(c):,}" if before.jobs(c) is not None else "-",
+            count_text((mode(c, "cli") or {}).get("spark_jobs")), count_text((mode(c, "warm") or {}).get("spark_jobs")),
+            f"{peak_gib(old):.2f}" if peak_gib(old) is not None else "-",
+            f"{peak_gib(c):.2f}" if peak_gib(c) is not None else "-",
+        ])
+    return table(["scenario", "change", "replicas", "whole process: before", "whole process, s: after",
+                  "warm: before", "warm, s: after", '`sql "SELECT 1"` process, s', "Spark jobs: before (warm)",
+                  "Spark jobs: whole process", "Spark jobs: warm", "peak RSS, GiB: before", "peak RSS, GiB: after"],
+                 rows)
+
+
+def work_table(results: dict[str, Any]) -> list[str]:
+    rows = []
+    for c in measured(results):
+        r = c["result"]
+        mig = r["migrations"]
+        mk, per_node = mig["makespan"], mig["replicas_per_node"]
+        recomputed = {run["warm"].get("recomputed_partitions") for run in r["runs"] if "warm" in run}
+        rows.append([
+            c["scenario"], c["label"], f"{r['exchange']['partitions']:,}",
+            ", ".join(f"{x:,}" for x in sorted(x for x in recomputed if x is not None)) or "-",
             f"{r['rows_written_total']:,}", size(r["bytes_written_total"]),
             f"{mig['copies']:,} / {mig['minimum_copies']:,} / {mig['balance_minimum']:,}",
-            f"{per_node['max']:,} / {per_node['mean']:,.1f}",
+            f"{per_node['max']:,} / {per_node['mean']:,.1f} / {per_node['min']:,}",
             f"{secs(mk['ours_s'])} / {secs(mk['hazelcast_s'])} / {secs(mk['serial_s'])} / {secs(mk['lower_bound_s'])}",
         ])
-    return table(
-        ["scenario", "change", "replicas", "whole process, s: median (min-max)", "warm `run_exchange`, s",
-         "peak RSS driver / JVM, GiB", "rows written", "bytes written", "COPYs / minimum / balance min",
-         "replicas per node max / mean", "makespan ours / hazelcast / serial / bound"],
-        rows,
-    )
+    return table(["scenario", "change", "partitions", "recomputed (warm)", "rows written", "bytes written",
+                  "COPYs / minimum / balance min", "replicas per node max / mean / min",
+                  "makespan ours / hazelcast / serial / bound"], rows)
 
 
 def stage_tables(results: dict[str, Any]) -> list[str]:
@@ -432,35 +509,40 @@ def stage_tables(results: dict[str, Any]) -> list[str]:
         changes = [c for c in measured(results) if c["scenario"] == scenario]
         if not changes:
             continue
-        header, columns, outside = ["stage"], [], []
+        header, columns = ["stage"], []
         for c in changes:
-            for mode, title in (("warm", "warm"), ("cli", "whole process")):
-                s = c["result"]["summary"].get(mode)
-                if s:
+            for name, title in (("warm", "warm"), ("cli", "whole process")):
+                if (s := mode(c, name)) is not None:
                     header.append(f"{c['change']}: {title}")
-                    columns.append(s)
-                    # per run, then the median (medians of the parts need not add up to the median of the whole)
-                    rest = [r[mode]["wall_s"] - sum(r[mode].get("stage_s", {}).values())
-                            for r in c["result"]["runs"] if mode in r]
-                    outside.append(f"{statistics.median(rest):.2f} s "
-                                   f"({statistics.median(rest) / s['wall_s']['median']:.0%})")
-        # rebalancer.exchange.job.STAGES as exchange.py recorded it (this script does not import the package)
+                    columns.append((c, name, s))
         order = [n for c in changes for n in c["result"].get("stages", [])]
-        order += [n for s in columns for n in s["stage_s"]]
+        order += [n for _, _, s in columns for n in s["stage_s"]]
         rows = []
         for stage in dict.fromkeys(order):
-            if not any(stage in s["stage_s"] for s in columns):
-                continue
             cells = []
-            for s in columns:
-                seconds = s["stage_s"].get(stage, {}).get("median")
-                wall = s["wall_s"]["median"]
-                cells.append("-" if seconds is None else f"{seconds:.2f} s ({seconds / wall:.0%})")
+            for _, _name, s in columns:
+                seconds, jobs = s["stage_s"].get(stage, {}).get("median"), s.get("stage_jobs", {}).get(stage)
+                if seconds is None:
+                    cells.append("-")
+                    continue
+                cell = f"{seconds:.2f} s ({seconds / s['wall_s']['median']:.0%})"
+                cells.append(cell + (f", {jobs['median']:g} jobs" if jobs and jobs["median"] else ""))
             rows.append([stage, *cells])
-        rows.append(["outside the stages", *outside])
-        rows.append(["**wall (median)**", *(f"**{s['wall_s']['median']:.2f} s**" for s in columns)])
+
+        def extra(label: str, key: str, cols: list[Any] = columns) -> list[str]:
+            return [label, *(f"{s[key]['median']:.2f} s" if key in s else "-" for _, _, s in cols)]
+
+        rows += [extra("outside the stages", "outside_stages_s"),
+                 extra("&nbsp;&nbsp;of which startup: interpreter, imports, Spark", "startup_s"),
+                 extra("&nbsp;&nbsp;of which after `finished_at`: commit, shutdown", "after_s"),
+                 ["Spark jobs", *(count_text(s.get("spark_jobs")) for _, _, s in columns)],
+                 ["**wall (median)**", *(f"**{s['wall_s']['median']:.2f} s**" for _, _, s in columns)]]
         replicas = changes[0]["result"]["cluster"]["replicas"]
         lines += [f"**{scenario}** ({replicas:,} replicas)", "", *table(header, rows), ""]
+        for c in changes:
+            if sites := (mode(c, "warm") or {}).get("spark_job_sites"):
+                lines += [f"Spark jobs of {c['change']}'s last warm run by Spark's call site: "
+                          + ", ".join(f"`{k}` x{v}" for k, v in sites.items()) + ".", ""]
     return lines
 
 
@@ -476,6 +558,7 @@ def cap_rows(results: dict[str, Any]) -> list[list[str]]:
 
 
 def migrations_table(data: dict[str, Any]) -> list[str]:
+    cluster = data.get("cluster", {})
     rows = []
     for r in data["scenarios"]:
         for cap, c in r["caps"].items():
@@ -485,68 +568,120 @@ def migrations_table(data: dict[str, Any]) -> list[str]:
                 f"{c['ours_over_bound']:.3f}", secs(c["hazelcast_makespan_s"]), f"{c['hazelcast_over_ours']:.1f}x",
                 secs(c["serial_makespan_s"]),
             ])
-    return table(["scenario", "cap", "data-bearing copies (minimum)", "promotes / drops", "TB moved", "ours",
-                  "lower bound", "ours / bound", "hazelcast", "hazelcast / ours", "serial"], rows)
+    return [f"{cluster.get('nodes', 10)} nodes, {cluster.get('partitions', 20_000):,} partitions of "
+            f"{cluster.get('partition_bytes', 205e6) / 1e6:,.0f} MB with {cluster.get('backups', 1)} backup, planned "
+            f"by {data.get('planned_by', 'the planner (Spark)')}.", "",
+            *table(["scenario", "cap", "data-bearing copies (minimum)", "promotes / drops", "TB moved", "ours",
+                    "lower bound", "ours / bound", "hazelcast", "hazelcast / ours", "serial"], rows)]
 
 
 def affinity_table(data: dict[str, Any]) -> list[str]:
     rows = [[f"{r['partitions']:,} x {r['nodes']:,}", r["affinity"], f"{r['output_rows']:,}",
              f"{r['spark_median_s']:.2f} s", f"{r['kernel_one_core_median_s']:.4f} s"] for r in data["results"]]
-    return table(["partitions x nodes", "affinity", "replicas", "Spark stage, local[*] (median of 3)",
+    runs = max((len(r.get("spark_runs_s", [])) for r in data["results"]), default=3)
+    return table(["partitions x nodes", "affinity", "replicas", f"Spark stage, local[*] (median of {runs})",
                   "NumPy kernel, 1 core, no Spark"], rows)
 
 
-def target_lines(results: dict[str, Any]) -> list[str]:
-    """Each speed target, met or not, from the measured whole-process medians (and the peak memory for XXL)."""
-    by_scenario: dict[str, list[dict[str, Any]]] = {}
-    for c in measured(results):
-        by_scenario.setdefault(c["scenario"], []).append(c)
-    targets = [("M", 15.0, "an M exchange (each of the three changes) takes under 15 s, whole process"),
-               ("XL", 60.0, "an XL exchange takes under 60 s, whole process"),
-               ("XXL", 180.0, "an XXL exchange takes under 3 min, whole process, with peak memory within 24 GiB")]
-    rows = []
-    for scenario, limit, text in targets:
-        changes = by_scenario.get(scenario, [])
-        walls = [(c, c["result"]["summary"].get("cli")) for c in changes]
-        if not changes or any(s is None for _, s in walls):
-            rows.append([text, "not measured in this run", "-"])
-            continue
-        met = all(s["wall_s"]["median"] < limit for _, s in walls)
-        detail = "; ".join(f"{c['change']} {secs(s['wall_s']['median'])} (max {secs(s['wall_s']['max'])})"
-                           for c, s in walls)
-        if scenario == "XXL":
-            peak = max(peak_mb(c["result"], "sum")[0] or 0.0 for c in changes)
-            detail += f"; peak RSS driver + JVM + Python workers {peak / 1024:.1f} GiB"
-            met = met and peak <= 24 * 1024
-        rows.append([text, "**met**" if met else "**not met**", detail])
+def demo_table(data: dict[str, Any]) -> list[str]:
+    return table(["command", "wall"], [["`rebalancer demo`" + (" (tiny: 4 nodes, 1 x 16)" if data.get("tiny") else ""),
+                                        secs(data["wall_s"])]])
+
+
+def largest_parts(c: dict[str, Any], name: str) -> str:
+    """Where a change's time went in one mode: startup and the three longest stages (with their jobs, warm)."""
+    s = mode(c, name)
+    if not s:
+        return "-"
+    warm = mode(c, "warm") or {}
+    parts = [(f"startup {secs(s['startup_s']['median'])}", s["startup_s"]["median"])] if "startup_s" in s else []
+    for stage, x in s["stage_s"].items():
+        jobs = warm.get("stage_jobs", {}).get(stage, {}).get("median")
+        parts.append((f"{stage} {secs(x['median'])}" + (f" ({jobs:g} jobs)" if jobs else ""), x["median"]))
+    return ", ".join(p for p, _ in sorted(parts, key=lambda p: -p[1])[:4])
+
+
+def target_rows(results: dict[str, Any], before: Before) -> list[list[str]]:
+    """Issue 13's targets: before, after, met or not, and for one not met the largest parts of the time."""
+    done = measured(results)
+    by: dict[str, list[dict[str, Any]]] = {}
+    for c in done:
+        by.setdefault(c["scenario"], []).append(c)
+    rows: list[list[str]] = []
+
+    def verdict(ok: bool | None) -> str:
+        return "not measured in this run" if ok is None else ("**met**" if ok else "**not met**")
+
+    def per_change(changes: list[dict[str, Any]], value: Any, fmt: Any = secs, name: str = "change") -> str:
+        return "; ".join(f"{c[name]} {fmt(v)}" for c in changes if (v := value(c)) is not None) or "-"
+
+    for scenario, limit in WHOLE_PROCESS_S.items():
+        changes = [c for c in by.get(scenario, []) if mode(c, "cli")]
+        ok = all(median(c, "cli") <= limit for c in changes) if changes else None
+        worst = max(changes, key=lambda c: median(c, "cli") or 0.0) if changes else None
+        rows.append([f"{scenario}: whole process `rebalancer exchange` <= {secs(limit)}" +
+                     (", each change" if len(changes) > 1 else ""),
+                     per_change(by.get(scenario, []), lambda c: median(before.of(c), "cli")),
+                     per_change(changes, lambda c: median(c, "cli")), verdict(ok),
+                     largest_parts(worst, "cli") if worst and not ok else ""])
+        if scenario == "M":
+            ratio = [c for c in changes if mode(c, "select1")]
+            ok = all(median(c, "cli") <= SELECT1_FACTOR * median(c, "select1") for c in ratio) if ratio else None
+            rows.append([f'M: whole process <= {SELECT1_FACTOR:g}x a `rebalancer sql "SELECT 1"` process of the same '
+                         "run", "-",
+                         per_change(ratio, lambda c: median(c, "cli") / median(c, "select1"), lambda v: f"{v:.1f}x") +
+                         ("" if not ratio else f" (SELECT 1: {secs(median(ratio[0], 'select1'))})"), verdict(ok), ""])
+    xxl = by.get("XXL", [])
+    peak_ok = all(peak_gib(c) <= XXL_PEAK_GIB for c in xxl) if xxl else None
+    rows.append([f"XXL: peak RSS of all processes <= {XXL_PEAK_GIB:g} GiB (sum of the driver's, JVM's and Python "
+                 "workers' peaks)", per_change(xxl, lambda c: peak_gib(before.of(c)), lambda v: f"{v:.1f} GiB"),
+                 per_change(xxl, peak_gib, lambda v: f"{v:.1f} GiB"), verdict(peak_ok), ""])
+    for scenario, limit in WARM_S.items():
+        changes = [c for c in by.get(scenario, []) if mode(c, "warm")]
+        ok = all(median(c, "warm") <= limit for c in changes) if changes else None
+        worst = max(changes, key=lambda c: median(c, "warm") or 0.0) if changes else None
+        rows.append([f"{scenario}: warm `run_exchange` (a session that has run one exchange) <= {secs(limit)}",
+                     per_change(by.get(scenario, []), lambda c: median(before.of(c), "warm")),
+                     per_change(changes, lambda c: median(c, "warm")), verdict(ok),
+                     largest_parts(worst, "warm") if worst and not ok else ""])
+    demo = (results.get("demo") or {}).get("result")
+    rows.append([f"`make demo` after the install <= {secs(DEMO_S)}", "-", secs(demo["wall_s"]) if demo else "-",
+                 verdict(demo["wall_s"] <= DEMO_S if demo else None), ""])
+    jobs = [(c, j) for c in done if (j := most_jobs(c)) is not None]
+    ok = all(j <= MAX_JOBS for _, j in jobs) if jobs else None
+    worst_jobs = max(jobs, key=lambda x: x[1])[0] if jobs else None
+    warm_of_worst = (mode(worst_jobs, "warm") or {}) if worst_jobs else {}
+    stage_jobs, sites = warm_of_worst.get("stage_jobs", {}), warm_of_worst.get("spark_job_sites", {})
+    rows.append([f"Spark jobs per data-affecting exchange <= {MAX_JOBS} (every change, whole process and warm)",
+                 f"{max(j for c in done if (j := before.jobs(c)) is not None):,} (warm, most)"
+                 if any(before.jobs(c) is not None for c in done) else "-",
+                 per_change([c for c, _ in jobs], most_jobs, lambda v: f"{v:,}", "key"), verdict(ok),
+                 ", ".join(f"{k} {v['median']:g}" for k, v in
+                           sorted(stage_jobs.items(), key=lambda kv: -kv[1]["median"]) if v["median"])
+                 + ("; by call site: " + ", ".join(f"`{k}` x{v}" for k, v in list(sites.items())[:3]) if sites else "")
+                 if worst_jobs and not ok else ""])
     if results["suite"].get("tiny"):
-        rows = [[t, "not applicable: tiny trial sizes", "-"] for t, _, _ in rows]
-    return table(["target", "result", "measured (median of the whole-process runs)"], rows)
-
-
-def rebuilt_matches(m: dict[str, Any]) -> bool:
-    """exchange.py's check that the plan it rebuilt is the committed one (recomputed for older results files)."""
-    if "rebuilt_matches_committed" in m:
-        return bool(m["rebuilt_matches_committed"])
-    steps = sum(a["steps"] for a in m["committed_plan"].values())
-    ours, committed = m["makespan"]["ours_s"], m["committed_makespan_s"]
-    return m["rebuilt_plan"]["steps"] == steps and abs(ours - committed) <= 0.01 + 1e-6 * committed
+        rows = [[r[0], r[1], r[2], "not applicable: tiny trial sizes", r[4]] for r in rows]
+    return rows
 
 
 def conditions_table(results: dict[str, Any]) -> list[str]:
     rows = []
     for c in measured(results):
         r = c["result"]
-        cli = r["summary"].get("cli")
+        cli = mode(c, "cli")
         load = r["load_average"]["during_timed_runs_1min"] or {}
-        match = rebuilt_matches(r["migrations"])
+        warm = mode(c, "warm") or {}
+        seen = warm.get("spark_jobs_seen")
         rows.append([c["key"], f"{load.get('mean', '-')} (max {load.get('max', '-')})",
-                     spread_text(cli["other_work_core_s"]) if cli else "-",
-                     spread_text(cli["tree_cpu_s"]) if cli else "-", secs(c["seconds"]),
-                     "yes" if match else "**no**"])
+                     spread_text(cli["other_work_core_s"], "") if cli else "-",
+                     spread_text(cli["tree_cpu_s"], "") if cli else "-", secs(c["seconds"]),
+                     "yes" if seen and seen == warm.get("spark_jobs") else f"**no**: {count_text(seen)} seen",
+                     "yes" if r["migrations"].get("rescheduled_matches_committed") else "**no**"])
     return table(["change", "load average (1 min) during the timed runs", "core-s used by other work during a "
                   "whole-process run", "core-s used by the whole process", "benchmark process, all included",
-                  "rebuilt plan = committed plan"], rows)
+                  "engine's job count = jobs the status store saw (warm)", "committed plan re-scheduled = committed "
+                  "makespan"], rows)
 
 
 def merge(results: dict[str, Any], others: list[dict[str, Any]]) -> dict[str, Any]:
@@ -558,6 +693,9 @@ def merge(results: dict[str, Any], others: list[dict[str, Any]]) -> dict[str, An
         changes.update({c["key"]: c for c in other["changes"]})
         merged.append({**{k: other["suite"].get(k) for k in ("command", "started", "seconds", "runs", "cli_runs")},
                        "changes": [c["key"] for c in other["changes"]], "commit": other["code"].get("commit")})
+        for name in OTHER_BENCHMARKS:  # a benchmark the other run measured and this one did not
+            if not (results.get(name) or {}).get("result") and (other.get(name) or {}).get("result"):
+                results = {**results, name: other[name]}
     order = {c.key: i for i, c in enumerate(scenario_changes(results["suite"].get("tiny", False)))}
     out = dict(results)
     out["changes"] = sorted(changes.values(), key=lambda c: order.get(c["key"], len(order)))
@@ -565,7 +703,51 @@ def merge(results: dict[str, Any], others: list[dict[str, Any]]) -> dict[str, An
     return out
 
 
-def render(results: dict[str, Any], images: Path | None, source: str = "bench/results/latest.json") -> str:
+HOW_MEASURED = [
+    "## How measured",
+    "",
+    "- **One process per change.** `bench/suite.py` starts `bench/exchange.py` once per scenario change, so every "
+    "change has its own JVM and its own memory figures. exchange.py generates the cluster with the CLI "
+    "(`rebalancer --warehouse W [--conf C] generate --nodes ... --seed 20261121`), runs the first exchange (the "
+    "initial joins) in its own session and keeps that warehouse as a snapshot. Changes of one scenario that start "
+    "from the same cluster (M's scale-down and crash, L's two changes) share the snapshot; the later ones then run "
+    "one untimed exchange of their change first, so that their warm session has also run an exchange.",
+    "- **Each run** restores the snapshot and appends the change's event (`NODE_LEFT`, `NODE_JOINED` or "
+    "`NODE_FAILED`, fixed time). *Whole process*: `rebalancer --warehouse W [--conf C] exchange` in a subprocess, "
+    "timed from start to exit; beside it, in the same round, the whole process `rebalancer --warehouse W sql "
+    "\"SELECT 1\"`. *Warm*: `run_exchange` in exchange.py's session. Every run must commit the same version with "
+    "the same counts, or the benchmark fails.",
+    "- **Stages and Spark jobs are read as data**, never from printed text: the whole process's from the `exchanges` "
+    "row it committed (`stage_seconds`, `spark_jobs`; the row is written inside the `commit` stage, so it has no "
+    "seconds for that stage), its startup and its tail from the row's `started_at` / `finished_at` against the "
+    "process's launch and exit; the warm run's from `ExchangeSummary` (`stage_seconds`, `stage_jobs`, "
+    "`spark_jobs`). The engine counts the jobs of its job group with Spark's status tracker; the warm runs check "
+    "that count against every job the session's status store lists once the listener bus is drained (conditions "
+    "table). *Before*: the figures of " + "{before}" + ", measured by the benchmark of the multi-stage exchange; "
+    "its job counts are the job ids a warm session allocated during the exchange.",
+    "- **Memory**: peak resident set (`VmHWM`) of the driver Python process, the Spark JVM and the Python workers, "
+    "polled every 0.5 s; for the warm runs the peaks are reset before each run. The XXL target compares the sum of "
+    "the three peaks (an upper bound of the tree's peak) with the limit.",
+    "- **Rows and bytes written**: rows of the new version in every versioned table plus the `exchanges` row, and "
+    "the bytes of the data files each table gained.",
+    "- **Minimum**: counted in Spark SQL over the committed tables, without the engine's plan: ideal copies of the "
+    "new version whose node holds no OWNING copy in the previous version's `partition_map` among the nodes alive "
+    "now, for partitions with at least one such owner. **Balance minimum**: for a failure or a leave, the copies the "
+    "node owned (each must be re-created somewhere); for a join, ceil(replicas / nodes), the new node's fair share.",
+    "- **Replicas per node**: of the new `ideal_assignment`, over the alive server nodes.",
+    "- **Makespans**: the committed `migration_plan` (which keeps each COPY's `candidates`, the `primary_node`, "
+    "`owners` and `replicas`) re-scheduled as it is with `rebalancer.planning.schedule` by `ours`, `hazelcast` "
+    "(first-fit, copying from the primary) and `serial` (one step at a time); the bound is `lower_bound` of ours. "
+    "Simulated under the cost model, so independent of the machine.",
+    "- **Demo**: the whole process `rebalancer --warehouse W demo --report-dir R` (what `make demo` runs once the "
+    "install is done) in a fresh directory.",
+    "- **Plots** (matplotlib): exchange wall time against replicas, log-log, one point per change (median, bars "
+    "min-max), before and after, with the whole-process targets; M's makespans against the per-node cap.",
+    "",
+]
+
+
+def render(results: dict[str, Any], images: Path | None, source: str, before: Before, notes: str | None) -> str:
     """docs/BENCHMARKS.md from a results file (``images``: where the plots were written, None for none)."""
     suite, machine, code = results["suite"], results["machine"], results["code"]
     v = machine["versions"]
@@ -608,6 +790,10 @@ def render(results: dict[str, Any], images: Path | None, source: str = "bench/re
                   f"{engine.get('storage_engine', '-')}"],
         ["runs", f"{plural(suite['runs'], 'warm run')} and {plural(suite['cli_runs'], 'whole-process run')} per "
                  "change; figures are the median (min-max)"],
+        ["before", f"`{before.source}`: " + (f"`{before.results['suite']['command']}` at "
+                                              f"{before.results['suite']['started']} (UTC), commit "
+                                              f"`{before.results['code']['commit']}`" if before.results else
+                                              "not found")],
         *[
             [f"merged: {', '.join(m['changes'])}",
              f"measured by `{m['command']}` at {m['started']} (UTC), commit `{m['commit']}`, "
@@ -615,46 +801,55 @@ def render(results: dict[str, Any], images: Path | None, source: str = "bench/re
             for m in suite.get("merged", [])
         ],
     ])
-    lines += ["", "## Summary", ""]
+    lines += ["", "## Targets (issue 13)", "",
+              "Before: the figures of the multi-stage exchange (`before` above); after: this run. *Largest parts* "
+              "name where the time (or the jobs) went in the slowest change of a target not met.", "",
+              *table(["target", "before", "after (median)", "result", "largest parts (after)"],
+                     target_rows(results, before)), ""]
+    if notes:
+        lines += [notes.strip(), ""]
+    lines += ["## Summary", ""]
     if results["changes"]:
-        lines += summary_table(results)
-        lines += [
-            "",
-            "Columns: *whole process* is the wall time of `rebalancer exchange` from start to exit (interpreter, "
-            "imports, JVM start, the exchange, shutdown); *warm* is `run_exchange` in a session that has already run "
-            "an exchange. Peak RSS is of the whole-process runs (the largest of the runs). Rows and bytes are what "
-            "the exchange wrote (rows of the new version in every table, bytes of the data files added). "
-            "*COPYs* are the data-bearing steps of the committed plan; *minimum* the ideal copies whose node owns no "
-            "data (counted in SQL without the planner); *balance min* what a perfectly balanced placement moves: "
-            "the copies a failed or leaving node held, or a joining node's fair share (see \"How measured\"). "
-            "Makespans are the plan's simulated durations at the default cap "
-            "(`migration.max_parallel_per_node`) under the cost model of docs/PLANNING.md, and *bound* is the lower "
-            "bound of ours.",
-            "",
-        ]
+        lines += [*time_table(results, before), "",
+                  "*Whole process*: `rebalancer exchange` from start to exit (interpreter, imports, JVM start, the "
+                  "exchange, shutdown); *warm*: `run_exchange` in a session that has already run an exchange; "
+                  '`sql "SELECT 1"`: the whole process `rebalancer sql "SELECT 1"` on the same warehouse, the floor '
+                  "of any command that starts Spark. *Spark jobs*: of the exchange, as the engine counted them. Peak "
+                  "RSS: the sum of the driver's, the JVM's and the Python workers' peaks, largest of the "
+                  "whole-process runs.", "",
+                  *work_table(results), "",
+                  "*Recomputed*: partitions the kernel decided (the others were carried over). Rows and bytes: what "
+                  "the exchange wrote (rows of the new version in every table, bytes of the data files added). "
+                  "*COPYs*: data-bearing steps of the committed plan; *minimum*: ideal copies whose node owns no data "
+                  "(counted in SQL); *balance min*: the copies a failed or leaving node held, or a joining node's "
+                  "fair share. Makespans: the committed plan at the default cap (`migration.max_parallel_per_node`) "
+                  "under the cost model of docs/PLANNING.md; *bound* is the lower bound of ours.", ""]
     else:
         lines += ["No scenario was run.", ""]
     if measured(results):
         lines += ["## Where the time goes", "",
-                  "Seconds per stage of the exchange (`ExchangeSummary.stage_seconds`, the CLI's `seconds by stage` "
-                  "line), median of the runs, and the share of the median wall time. *Outside the stages*: for a warm "
-                  "run, Python between the stages; for the whole process, interpreter start, imports, starting Spark "
+                  "Seconds per stage of `rebalancer.pipeline.STAGES` (warm: `ExchangeSummary.stage_seconds` and "
+                  "`stage_jobs`; whole process: the committed row's `stage_seconds`), median of the runs, share of "
+                  "the median wall time. *Outside the stages*: for a warm run, Python between the stages; for the "
+                  "whole process, startup (interpreter, imports, Spark session), the commit of the `exchanges` row "
                   "and shutdown.", "", *stage_tables(results)]
     caps = cap_rows(results)
     if caps:
         lines += ["## Makespan against the per-node cap (M)", "",
-                  "The plan each M exchange committed, rebuilt from its tables and scheduled by the three policies at "
-                  "each cap (`migration.max_parallel_per_node`); the lower bound is that of ours. Serial runs one "
-                  "step at a time, so the cap does not change it.", "",
+                  "The plan each M exchange committed, re-scheduled by the three policies at each cap "
+                  "(`migration.max_parallel_per_node`); the lower bound is that of ours. Serial runs one step at a "
+                  "time, so the cap does not change it.", "",
                   *table(["change", "cap", "ours", "hazelcast", "serial", "lower bound", "ours / bound",
                           "hazelcast / ours"], caps), ""]
     for name, title, render_table, text in (
         ("migrations", "Hazelcast's scale-down in our cost model (`bench/migrations.py`)", migrations_table,
-         "10 nodes, 20,000 partitions of 205 MB with 1 backup; the graceful scale-down keeps node9 alive as a "
-         "supplier until its data has moved (docs/PLANNING.md explains the scenarios and the columns)."),
+         "Hazelcast's cluster; the graceful scale-down keeps node9 alive as a supplier until its data has moved "
+         "(docs/PLANNING.md explains the scenarios and the columns)."),
         ("affinity", "Ideal assignment stage (`bench/affinity.py`)", affinity_table,
          "The ideal-assignment stage in a warm local session beside its NumPy kernel on one core, 2 backups "
          "(docs/AFFINITY.md)."),
+        ("demo", "The demo (`rebalancer demo`)", demo_table, "The whole process, as `make demo` runs it after the "
+         "install."),
     ):
         entry = results.get(name)
         if not entry:
@@ -670,60 +865,21 @@ def render(results: dict[str, Any], images: Path | None, source: str = "bench/re
         lines += ["## Plots", "", f"![exchange time against replicas]({rel}/{TIME_PLOT})", ""]
         if caps:
             lines += [f"![M makespan against the per-node cap]({rel}/{CAP_PLOT})", ""]
-    lines += HOW_MEASURED
+    lines += [x.replace("{before}", f"`{before.source}`") for x in HOW_MEASURED]
     if measured(results):
         lines += ["Conditions of each change. The machine may be shared: CPU used by other work (from `/proc/stat`, "
-                  "steal time included) makes the times upper bounds. The last column checks that the plan rebuilt "
-                  "for the makespans is the committed one (same steps, same makespan by ours).", "",
-                  *conditions_table(results), ""]
-    lines += ["## Targets", "", *target_lines(results), ""]
+                  "steal time included) makes the times upper bounds.", "", *conditions_table(results), ""]
     failed = [c for c in results["changes"] if not c.get("result")]
+    failed += [{"key": n, **results[n]} for n in OTHER_BENCHMARKS if (results.get(n) or {}).get("error")]
     if failed:
         lines += ["## Failed", "", *(f"- {c['key']}: `{c['error'].splitlines()[0]}`" for c in failed), ""]
     return "\n".join(lines)
 
 
-HOW_MEASURED = [
-    "## How measured",
-    "",
-    "- **One process per change.** `bench/suite.py` starts `bench/exchange.py` once per scenario change, so every "
-    "change has its own JVM and its own memory figures. exchange.py generates the cluster with the CLI "
-    "(`rebalancer --warehouse W [--conf C] generate --nodes ... --seed 20261121`), runs the first exchange (the "
-    "initial joins) in its own session and keeps that warehouse as a snapshot. Changes of one scenario that start "
-    "from the same cluster (M's scale-down and crash, L's two changes) share the snapshot; the later ones then run "
-    "one untimed exchange of their change first, so that their warm session has also run an exchange.",
-    "- **Each run** restores the snapshot and appends the change's event (`NODE_LEFT`, `NODE_JOINED` or "
-    "`NODE_FAILED`, fixed time). *Whole process*: `rebalancer --warehouse W [--conf C] exchange` in a subprocess, "
-    "timed from start to exit. *Warm*: `run_exchange` in exchange.py's session. Every run must commit the same "
-    "version with the same counts, or the benchmark fails.",
-    "- **Stages**: `ExchangeSummary.stage_seconds` (warm runs) and the CLI's `seconds by stage` line (whole "
-    "process): the wall seconds of each stage of `rebalancer.exchange.job.STAGES`; each stage materialises its "
-    "result before the next starts.",
-    "- **Memory**: peak resident set (`VmHWM`) of the driver Python process, the Spark JVM and the Python workers, "
-    "polled every 0.5 s; for the warm runs the peaks are reset before each run. The XXL target compares the sum of "
-    "the three peaks (an upper bound of the tree's peak) with 24 GiB.",
-    "- **Rows and bytes written**: rows of the new version in every versioned table plus the `exchanges` row, and "
-    "the bytes of the data files each table gained.",
-    "- **Minimum**: counted in Spark SQL over the committed tables, without the planner: ideal copies of the new "
-    "version whose node holds no OWNING copy in the previous version's `partition_map` among the nodes alive now, "
-    "for partitions with at least one such owner. **Balance minimum**: for a failure or a leave, the copies the node "
-    "owned (each must be re-created somewhere); for a join, ceil(replicas / nodes), the new node's fair share (the "
-    "affinity function may give it a few more or fewer).",
-    "- **Replicas per node**: of the new `ideal_assignment`, over the alive server nodes.",
-    "- **Makespans**: the plan is rebuilt from the committed tables of the new version with "
-    "`planner.plan_migrations` and the latest reports, then scheduled with `rebalancer.planning.schedule` by "
-    "`ours`, `hazelcast` (first-fit, copying from the primary) and `serial` (one step at a time); the bound is "
-    "`lower_bound` of ours. Simulated under the cost model, so independent of the machine.",
-    "- **Plots** (matplotlib): exchange wall time against replicas, log-log, one point per change (median, bars "
-    "min-max), with the speed targets; M's makespans against the per-node cap, one panel per change.",
-    "",
-]
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The plots
 # ---------------------------------------------------------------------------------------------------------------
-def plot(results: dict[str, Any], images: Path) -> list[Path]:
+def plot(results: dict[str, Any], images: Path, before: Before) -> list[Path]:
     """The two PNGs (the cap plot only when some change has a cap sweep); returns the paths written."""
     import matplotlib
 
@@ -739,6 +895,7 @@ def plot(results: dict[str, Any], images: Path) -> list[Path]:
         ax.yaxis.set_major_formatter(FuncFormatter(y_label))
         ax.yaxis.set_major_locator(FixedLocator(NICE_SECONDS))
         ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.grid(True, which="both", alpha=0.3)
 
     def seconds_label(value: float, _pos: Any) -> str:
@@ -753,19 +910,24 @@ def plot(results: dict[str, Any], images: Path) -> list[Path]:
     images.mkdir(parents=True, exist_ok=True)
     written = []
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    for mode, label, marker, color in (("cli", "whole process (`rebalancer exchange`)", "o", "tab:blue"),
-                                       ("warm", "warm session (`run_exchange`)", "s", "tab:orange")):
-        points = [(c["replicas"], c["result"]["summary"][mode]["wall_s"]) for c in done
-                  if mode in c["result"]["summary"]]
+    olds = [(c, old) for c in done if (old := before.of(c)) is not None]
+    for name, label, marker, color, changes in (
+        ("cli", "before: whole process", "o", "silver", [old for _, old in olds]),
+        ("warm", "before: warm session", "s", "silver", [old for _, old in olds]),
+        ("cli", "whole process (rebalancer exchange)", "o", "tab:blue", done),
+        ("warm", "warm session (run_exchange)", "s", "tab:orange", done),
+    ):
+        points = [(c["replicas"], s["wall_s"]) for c in changes if (s := mode(c, name))]
         if not points:
             continue
         xs = [x for x, _ in points]
         ys = [s["median"] for _, s in points]
         err = [[s["median"] - s["min"] for _, s in points], [s["max"] - s["median"] for _, s in points]]
-        ax.errorbar(xs, ys, yerr=err, fmt=marker, color=color, label=label.replace("`", ""), capsize=3, alpha=0.85)
+        style = {"markerfacecolor": "none"} if color == "silver" else {}
+        ax.errorbar(xs, ys, yerr=err, fmt=marker, color=color, label=label, capsize=3, alpha=0.85, **style)
     if not results["suite"].get("tiny"):
         target_x = {c["scenario"]: c["replicas"] for c in done}
-        tx = [(target_x[s], t) for s, t in (("M", 15), ("XL", 60), ("XXL", 180)) if s in target_x]
+        tx = [(target_x[s], t) for s, t in WHOLE_PROCESS_S.items() if s in target_x]
         if tx:
             ax.scatter([x for x, _ in tx], [t for _, t in tx], marker="_", s=400, color="tab:red", linewidths=2,
                        label="target (whole process)")
@@ -774,6 +936,8 @@ def plot(results: dict[str, Any], images: Path) -> list[Path]:
         if not changes:
             continue
         top = max(s["wall_s"]["max"] for c in changes for s in c["result"]["summary"].values())
+        top = max([top] + [s["wall_s"]["max"] for c in changes if (old := before.of(c))
+                           for s in old["result"]["summary"].values()])
         ax.annotate(scenario, (changes[0]["replicas"], top), textcoords="offset points", xytext=(0, 8),
                     ha="center", fontsize=10, fontweight="bold")
         if len(changes) > 1:
@@ -791,7 +955,7 @@ def plot(results: dict[str, Any], images: Path) -> list[Path]:
     ax.set_ylabel("wall time per exchange (median; bars: min-max)")
     title = "Exchange after one topology change: time against cluster size"
     ax.set_title(title + (" (TINY TRIAL SIZES)" if results["suite"].get("tiny") else ""), fontsize=11)
-    ax.legend(loc="upper left", fontsize=9)
+    ax.legend(loc="best", fontsize=9)
     fig.tight_layout()
     path = images / TIME_PLOT
     fig.savefig(path, dpi=110)
@@ -833,13 +997,13 @@ def plot(results: dict[str, Any], images: Path) -> list[Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="the M crash, 1 warm + 1 whole-process run; writes quick.json, prints the tables")
+                        help="the M crash, 1 warm + 1 whole-process run; writes quick.json, prints the page")
     parser.add_argument("--only", type=lambda s: [x.strip() for x in s.split(",") if x.strip()], default=None,
-                        metavar="NAMES", help="scenarios (S, M, L, XL, XXL), changes (M/crash), migrations, affinity")
+                        metavar="NAMES",
+                        help="scenarios (S, M, L, XL, XXL), changes (M/crash), migrations, affinity, demo")
     parser.add_argument("--runs", type=int, default=None, help="warm runs per change (default 3; 1 with --quick)")
     parser.add_argument("--cli-runs", type=int, default=None,
                         help="whole-process runs per change (default: --runs; 1 with --quick)")
-    parser.add_argument("--profile", action="store_true", help="add exchange.py's instrumented run to each change")
     parser.add_argument("--tiny", action="store_true",
                         help="try the suite out: M, L, XL, XXL at a few hundred partitions (marked as such)")
     parser.add_argument("--migrations-from", type=Path, default=None, metavar="FILE",
@@ -851,9 +1015,13 @@ def main() -> None:
     parser.add_argument("--merge", nargs="+", type=Path, default=[], metavar="FILE",
                         help="with --from-results: add the changes of these results files (same key: theirs win); "
                         "the page names each file's command and date")
+    parser.add_argument("--before", type=Path, default=BEFORE, metavar="FILE",
+                        help="results to show as 'before' (default bench/results/before-kernel.json)")
+    parser.add_argument("--notes", type=Path, default=NOTES if NOTES.exists() else None, metavar="FILE",
+                        help="Markdown put under the targets table (default bench/results/targets-notes.md if any)")
     parser.add_argument("--out", type=Path, default=None,
                         help="results file (default latest.json / quick.json; with --from-results: where to save the "
-                        "results with the sections added by --migrations-from / --affinity-from)")
+                        "results with the sections added by --merge / --migrations-from / --affinity-from)")
     parser.add_argument("--doc", type=Path, default=DOC, help="the page to write (default docs/BENCHMARKS.md)")
     parser.add_argument("--images", type=Path, default=IMAGES, help="where the plots go (default docs/images)")
     args = parser.parse_args()
@@ -863,7 +1031,7 @@ def main() -> None:
             results = merge(results, [json.loads(path.read_text()) for path in args.merge])
         for name, reuse in (("migrations", args.migrations_from), ("affinity", args.affinity_from)):
             if reuse is not None:  # add or replace that benchmark's section
-                results[name] = run_other(name, Path(), reuse)
+                results[name] = run_other(name, Path(), reuse, False)
         if args.out is not None:
             args.out.write_text(json.dumps(results, indent=1) + "\n")
     else:
@@ -873,13 +1041,14 @@ def main() -> None:
         args.cli_runs = args.cli_runs if args.cli_runs is not None else (1 if args.quick else args.runs)
         args.out = args.out or RESULTS / ("quick.json" if args.quick else "latest.json")
         results = measure(args)
+    before = Before(json.loads(args.before.read_text()) if args.before.exists() else None, shown(args.before))
+    notes = args.notes.read_text() if args.notes is not None else None
     if args.quick and args.from_results is None:
-        print(render(results, None, shown(args.out)))
+        print(render(results, None, shown(args.out), before, notes))
     else:
-        written = plot(results, args.images)
-        source = args.out or args.from_results
-        source_name = shown(source)
-        args.doc.write_text(render(results, args.images if written else None, source_name) + "\n")
+        written = plot(results, args.images, before)
+        source = shown(args.out or args.from_results)
+        args.doc.write_text(render(results, args.images if written else None, source, before, notes) + "\n")
         for path in (args.doc, *written):
             log(f"wrote {shown(path)}")
     failed = [c["key"] for c in results["changes"] if not c.get("result")]

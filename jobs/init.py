@@ -1,8 +1,19 @@
-"""spark-submit entry point for `rebalancer init`: `spark-submit jobs/init.py [--warehouse W] [--conf F] [options]`."""
+"""spark-submit job: create every table of the contract that is missing (= `rebalancer init`).
+
+    spark-submit jobs/init.py [--warehouse W] [--conf F]
+"""
 
 import sys
 
-from rebalancer.cli import run_job
+from rebalancer.console import console
+from rebalancer.workspace import Workspace
+
+
+def main(argv: list[str]) -> None:
+    ws, _ = Workspace.from_args(argv, "Create the missing tables of the warehouse.")
+    created = ws.warehouse.create_tables()
+    console.print(f"created {len(created)} tables in {ws.warehouse.location}: {', '.join(created) or '-'}")
+
 
 if __name__ == "__main__":
-    run_job("init", sys.argv[1:])
+    main(sys.argv[1:])

@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from rebalancer.config import Settings, load_settings
+from rebalancer.config import load_settings
+from rebalancer.console import console, err_console, print_round, print_rows, print_stability, print_summary, step
+from rebalancer.workspace import Workspace
 
 app = typer.Typer(
     name="rebalancer",
@@ -33,47 +29,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-console = Console(highlight=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-@dataclass
-class CliState:
-    """What every command receives: settings and the warehouse location, resolved from the global options."""
-
-    settings: Settings
-    _spark: Any = field(default=None, repr=False)
-    _warehouse: Any = field(default=None, repr=False)
-
-    @property
-    def spark(self) -> Any:
-        if self._spark is None:
-            with step("starting Spark"):
-                from rebalancer.session import get_spark
-
-                self._spark = get_spark(self.settings.spark)
-        return self._spark
-
-    @property
-    def warehouse(self) -> Any:
-        if self._warehouse is None:
-            from rebalancer.storage import open_warehouse
-
-            self._warehouse = open_warehouse(self.spark, self.settings.storage)
-        return self._warehouse
-
-
-@contextmanager
-def step(label: str) -> Iterator[None]:
-    """Show a spinner while a long step runs, then its duration."""
-    start = time.perf_counter()
-    with err_console.status(f"{label}..."):
-        yield
-    err_console.print(f"[dim]{label}: {time.perf_counter() - start:.1f} s[/dim]")
-
-
-def _state(ctx: typer.Context) -> CliState:
-    state: CliState = ctx.obj
+def _state(ctx: typer.Context) -> Workspace:
+    state: Workspace = ctx.obj
     return state
 
 
@@ -100,7 +59,7 @@ def _global_options(
         settings = settings.with_overrides(storage={"warehouse": warehouse})
     if strict:
         settings = settings.with_overrides(validation={"strict": True})
-    ctx.obj = CliState(settings)
+    ctx.obj = Workspace(settings, starting=step)
 
 
 @app.command()
@@ -183,7 +142,7 @@ def sql(
 @app.command()
 def exchange(ctx: typer.Context) -> None:
     """Process every pending event and the latest partition reports; commit the resulting topology versions."""
-    from rebalancer.exchange.job import run_exchange
+    from rebalancer.pipeline import run_exchange
 
     state = _state(ctx)
     with step("running the exchange"):
@@ -192,27 +151,6 @@ def exchange(ctx: typer.Context) -> None:
         console.print("nothing to do: no pending event and no late affinity switch due")
     for s in summaries:
         print_summary(s)
-
-
-def print_summary(s: Any) -> None:
-    """Print one exchange summary in a few readable lines."""
-    events = ", ".join(str(e) for e in s.merged_event_seqs) or "-"
-    console.print(
-        f"[bold]exchange {s.exchange_id}[/bold] -> version {s.topology_major}.{s.topology_minor} "
-        f"({s.exchange_type}; events {events}; coordinator {s.coordinator or '-'})"
-    )
-    console.print(f"  nodes: {s.alive_servers} servers, {s.alive_clients} clients; partitions: {s.partitions:,}")
-    console.print(
-        f"  lost: {s.lost_partitions:,}; moving copies: {s.moving_copies:,}; "
-        f"temporary primaries: {s.temporary_primaries:,}; counter conflicts: {s.counter_conflicts:,}"
-    )
-    console.print(
-        f"  plan: {s.migrations:,} steps, {s.bytes_to_move / 2**30:,.2f} GiB to move; "
-        f"makespan {s.makespan_s:,.1f} s (lower bound {s.makespan_lower_bound_s:,.1f} s)"
-    )
-    if s.stage_seconds:
-        stages = ", ".join(f"{name} {seconds:.1f}" for name, seconds in s.stage_seconds.items())
-        console.print(f"  seconds by stage: {stages}")
 
 
 @app.command()
@@ -235,34 +173,6 @@ def simulate(
         result = run_twin(state.spark, state.warehouse, state.settings, until_stable=until_stable,
                           fail_node=fail, at_wave=at_wave, max_rounds=max_rounds, on_round=print_round)
     print_stability(result.stability)
-
-
-def print_round(r: Any) -> None:
-    """Print what one twin round did."""
-    console.print(
-        f"[bold]twin round[/bold] on version {r.version[0]}.{r.version[1]}: {r.copies:,} copies and "
-        f"{r.drops:,} drops finished; {r.waiting_promotions:,} promotions left to the switch"
-        + (f"; {r.failed_node} failed" if r.failed_node else "")
-    )
-    for summary in r.exchanges:
-        print_summary(summary)
-
-
-def print_stability(status: Any) -> None:
-    """Print whether the cluster is stable, and what is left when it is not."""
-    if status is None:
-        return
-    if status.stable:
-        console.print(f"stable at version {status.version[0]}.{status.version[1]}: the serving assignment is the "
-                      "ideal one, every ideal copy owns and no surplus copy is left")
-    else:
-        console.print(
-            f"not stable at version {status.version[0]}.{status.version[1]}: "
-            f"{status.assignment_differences:,} assignment rows differ from ideal, "
-            f"{status.ideal_not_owning:,} ideal copies not owning, {status.surplus_copies:,} surplus copies, "
-            f"{status.lost_partitions:,} lost partitions"
-            + (" (run `event RESET_LOST_PARTITIONS --group G` to recover them)" if status.lost_partitions else "")
-        )
 
 
 @app.command("export-affinity")
@@ -303,17 +213,6 @@ def route(
         rows.append((raw, routing.partition(group, key), nodes[0] if nodes else None, ", ".join(nodes[1:])))
     console.print(f"version {major}.{minor}, group {group}")
     print_rows(["key", "partition", "primary", "backups"], rows, len(rows))
-
-
-def print_rows(columns: list[str], rows: list[tuple[Any, ...]], limit: int) -> None:
-    table = Table(show_header=True, header_style="bold")
-    for name in columns:
-        table.add_column(name)
-    for row in rows[:limit]:
-        table.add_row(*["NULL" if v is None else str(v) for v in row])
-    console.print(table)
-    more = " (more not shown)" if len(rows) > limit else ""
-    console.print(f"{min(len(rows), limit)} row(s){more}")
 
 
 @app.command()
@@ -381,31 +280,6 @@ def main(argv: list[str] | None = None) -> None:
             raise
         err_console.print(f"error: {_one_sentence(exc)}", markup=False, soft_wrap=True)
         sys.exit(1)
-
-
-_GLOBAL_OPTIONS = ("--warehouse", "--conf")
-_GLOBAL_FLAGS = ("--strict",)
-
-
-def run_job(command: str, argv: list[str]) -> None:
-    """Run one CLI command from a spark-submit job: ``jobs/<command>.py [--warehouse W] [--conf F] [options]``.
-
-    Global options may appear anywhere in ``argv``; they are moved before the command as the CLI expects.
-    """
-    global_args: list[str] = []
-    command_args: list[str] = []
-    args = iter(argv)
-    for arg in args:
-        name = arg.split("=", 1)[0]
-        if name in _GLOBAL_FLAGS:
-            global_args.append(arg)
-        elif name in _GLOBAL_OPTIONS:
-            global_args.append(arg)
-            if "=" not in arg:
-                global_args.append(next(args, ""))
-        else:
-            command_args.append(arg)
-    main([*global_args, command, *command_args])
 
 
 if __name__ == "__main__":

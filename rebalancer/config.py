@@ -36,7 +36,7 @@ class SparkSettings(_Strict):
     app_name: str = "rebalancer"
     shuffle_partitions: int = Field(8, ge=1)
     driver_memory: str = Field("4g", pattern=r"^[0-9]+[kmgtKMGT]?$")
-    adaptive: bool = True
+    adaptive: bool = False
 
 
 class AffinitySettings(_Strict):

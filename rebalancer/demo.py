@@ -8,17 +8,15 @@ and ends with the twin executing the plans until the cluster is stable.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
 from rich.table import Table
 
 from rebalancer.affinity.ideal import ideal_assignment
+from rebalancer.console import console, print_round, print_stability, print_summary, step
 from rebalancer.operations import generate_into, validate_warehouse
 from rebalancer.summary import node_load
-
-if TYPE_CHECKING:
-    from rebalancer.cli import CliState
+from rebalancer.workspace import Workspace
 
 __all__ = ["run_demo"]
 
@@ -27,10 +25,9 @@ def _gib(n: int | None) -> str:
     return f"{(n or 0) / 2**30:,.1f} GiB"
 
 
-def run_demo(state: CliState, nodes: int, groups: int, partitions: int, backups: int, seed: int,
+def run_demo(state: Workspace, nodes: int, groups: int, partitions: int, backups: int, seed: int,
              report_dir: Path = Path("report")) -> None:
     """Run the demo, printing each step (see the module docstring)."""
-    from rebalancer.cli import console, step
 
     spark, warehouse, settings = state.spark, state.warehouse, state.settings
     console.print(f"[bold]rebalancer demo[/bold]: warehouse {warehouse.location} (engine {warehouse.engine})")
@@ -63,9 +60,8 @@ def run_demo(state: CliState, nodes: int, groups: int, partitions: int, backups:
             f"  replicas per node: min {min(replicas):,}, mean {mean:,.1f}, max {max(replicas):,} "
             f"(max/mean {max(replicas) / mean:.3f}); total {_gib(sum(r.bytes or 0 for r in rows))}"
         )
-    from rebalancer.cli import print_round, print_stability, print_summary
-    from rebalancer.exchange.job import run_exchange
     from rebalancer.operations import append_event
+    from rebalancer.pipeline import run_exchange
     from rebalancer.report import collect_report_data, write_report
     from rebalancer.twin.simulate import simulate
 

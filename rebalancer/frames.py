@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rebalancer.tables import VERSION_COLUMNS
 
-__all__ = ["at_version", "scalar"]
+__all__ = ["at_version", "parallelism", "scalar"]
 
 
 def scalar(df: DataFrame) -> Any:
@@ -23,3 +24,11 @@ def at_version(df: DataFrame, version: tuple[int, int], keep_version: bool = Fal
     major, minor = version
     rows_df = df.where((F.col("topology_major") == major) & (F.col("topology_minor") == minor))
     return rows_df if keep_version else rows_df.drop(*VERSION_COLUMNS)
+
+
+def parallelism(spark: SparkSession) -> int:
+    """Tasks the session runs at once (the machine's cores where the session has no SparkContext: Connect)."""
+    try:
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    except Exception:  # noqa: BLE001 - Spark Connect sessions have no sparkContext
+        return os.cpu_count() or 1

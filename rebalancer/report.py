@@ -43,8 +43,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
 from rebalancer.frames import at_version
-from rebalancer.operations import latest_committed_version
+from rebalancer.inputs import latest_version as latest_committed_version
 from rebalancer.storage import Warehouse
+from rebalancer.vocabulary import ACTIONS as PLAN_ACTIONS
+from rebalancer.vocabulary import COPY
 
 __all__ = [
     "ACTIONS",
@@ -71,7 +73,7 @@ MAX_GANTT_STEPS = 20_000
 """Plans with more steps than this are drawn from merged bars (module docstring)."""
 MERGE_RESOLUTION = 2000
 """Merged bars join steps closer than makespan / MERGE_RESOLUTION: narrower than a pixel at the chart's width."""
-ACTIONS = ("COPY", "PROMOTE", "DROP")
+ACTIONS = PLAN_ACTIONS
 ACTION_COLORS = {"COPY": "#1f77b4", "PROMOTE": "#ff7f0e", "DROP": "#d62728"}
 BEFORE_COLOR, AFTER_COLOR = "#9e9e9e", "#1f77b4"
 SENT_COLOR, RECEIVED_COLOR = "#ff7f0e", "#2ca02c"
@@ -237,7 +239,7 @@ def _node_load(assignment_df: DataFrame) -> dict[str, NodeLoad]:
 
 
 def _bytes_moved(plan_df: DataFrame) -> tuple[dict[str, int], dict[str, int]]:
-    copies = plan_df.where(F.col("action") == "COPY")
+    copies = plan_df.where(F.col("action") == COPY)
     moved = copies.select(
         F.col("source_node").alias("node_id"), F.col("bytes").alias("sent"), F.lit(0).cast("long").alias("received")
     ).unionByName(

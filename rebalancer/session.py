@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 
 from rebalancer.config import SparkSettings
 
-__all__ = ["LOCAL_SPARK_CONF", "get_spark"]
+__all__ = ["CLASS_ARCHIVE", "LOCAL_SPARK_CONF", "get_spark", "java_options"]
 
 _LOG4J = Path(__file__).with_name("log4j2.properties")
 # C1-only JIT starts fast (FIELD-NOTES), but its default 48 MB code cache fills up in a long session (a twin run
@@ -25,6 +25,23 @@ _JAVA_OPTIONS = (
     f"-Dlog4j.configurationFile={_LOG4J}"
 )
 
+#: The JVM's class-data-sharing archive of Spark's classes, made once by ``make install`` (``rebalancer.warmup``)
+#: in the environment that holds pyspark's jars. Measured here: a session starts in 2.5 s instead of 4 s and its
+#: first queries run about 2 s sooner. A JVM that cannot use it (other Java, other jars) starts without it.
+CLASS_ARCHIVE = Path(sys.prefix) / "rebalancer-spark-classes.jsa"
+_QUIET_ARCHIVE = "-Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
+
+
+def java_options(archive: str | None = None) -> str:
+    """The JVM options of sessions rebalancer builds: ``archive`` (``"use"``, ``"make"`` or None) adds the
+    class archive, read or written at exit."""
+    if archive == "use" and CLASS_ARCHIVE.is_file():
+        return f"{_JAVA_OPTIONS} -XX:SharedArchiveFile={CLASS_ARCHIVE} {_QUIET_ARCHIVE}"
+    if archive == "make":
+        return f"{_JAVA_OPTIONS} -XX:ArchiveClassesAtExit={CLASS_ARCHIVE} {_QUIET_ARCHIVE}"
+    return _JAVA_OPTIONS
+
+
 # Applied only to sessions rebalancer builds itself.
 LOCAL_SPARK_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
@@ -33,7 +50,6 @@ LOCAL_SPARK_CONF: dict[str, str] = {
     "spark.sql.catalogImplementation": "in-memory",
     # delta-rs commits the parquet files Spark writes; Delta readers expect microsecond timestamps, not INT96.
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-    "spark.driver.extraJavaOptions": _JAVA_OPTIONS,
     "spark.executor.extraJavaOptions": _JAVA_OPTIONS,
     "spark.sql.execution.arrow.pyspark.enabled": "true",
 }
@@ -66,7 +82,8 @@ def get_spark(settings: SparkSettings | None = None, extra_conf: dict[str, str] 
         .config("spark.driver.memory", settings.driver_memory)
         .config("spark.sql.adaptive.enabled", str(settings.adaptive).lower())
     )
-    for key, value in {**LOCAL_SPARK_CONF, **(extra_conf or {})}.items():
+    conf = {**LOCAL_SPARK_CONF, "spark.driver.extraJavaOptions": java_options("use"), **(extra_conf or {})}
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

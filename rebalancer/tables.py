@@ -102,6 +102,13 @@ EXCHANGES = _schema(
     ("bytes_to_move", L),
     ("makespan_s", D),
     ("makespan_lower_bound_s", D),
+    # per input table, the Delta version this exchange consumed: the next one reads only what came after it
+    ("input_versions", MapType(S, L)),
+    # how the exchange ran: wall seconds per stage, the Spark jobs it started and those per stage (null on Spark
+    # Connect); the commit stage writes this row, so it is missing from both maps
+    ("stage_seconds", MapType(S, D)),
+    ("spark_jobs", INT),
+    ("stage_jobs", MapType(S, INT)),
 )
 TOPOLOGY = _schema(*_VERSION, ("node_id", S), ("node_order", L), ("is_client", B))
 IDEAL_ASSIGNMENT = _schema(
@@ -124,6 +131,8 @@ PARTITION_MAP = _schema(
     ("update_counter", L),
     ("size", L),
     ("bytes", L),
+    # beyond SPEC: the WAL history of the report the copy was last updated from (the supplier's HISTORICAL test)
+    ("wal_history_counter", L),
 )
 COUNTER_CONFLICTS = _schema(
     *_VERSION,
@@ -162,6 +171,12 @@ MIGRATION_PLAN = _schema(
     # beyond SPEC: how a COPY moves its data (entries | files) and, for files, how many page-aligned chunks
     ("transfer", S),
     ("chunks", INT),
+    # beyond SPEC, what the scheduler decided from: every owner that could supply a COPY, the serving primary,
+    # the partition's OWNING copies when planned and its ideal copy count (a committed plan can be re-scheduled)
+    ("candidates", ArrayType(S)),
+    ("primary_node", S),
+    ("owners", INT),
+    ("replicas", INT),
 )
 PARTITION_VERSIONS = _schema(
     *_VERSION, ("group_name", S), ("partition_id", INT), ("partition_version", L)

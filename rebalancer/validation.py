@@ -40,46 +40,47 @@ from pyspark.sql.types import (
     DoubleType,
     FractionalType,
     IntegralType,
+    LongType,
     MapType,
     NullType,
     NumericType,
     StringType,
+    StructField,
     StructType,
     TimestampNTZType,
     TimestampType,
     VarcharType,
 )
 
+from rebalancer.storage.base import COMMIT_COLUMN
 from rebalancer.tables import INPUT_TABLES, REJECTED_ROWS
+from rebalancer.validation_local import References
+from rebalancer.vocabulary import (
+    AFFINITIES,
+    EVENT_TYPES,
+    GROUP_EVENTS,
+    LOSS_POLICIES,
+    MAX_PARTITIONS,
+    MODES,
+    NODE_EVENTS,
+    OWNING,
+    PARTITIONERS,
+    READ_WRITE_SAFE,
+    STATES,
+)
 
 __all__ = [
-    "AFFINITIES",
-    "EVENT_TYPES",
-    "GROUP_EVENTS",
-    "LOSS_POLICIES",
-    "MAX_PARTITIONS",
-    "MODES",
-    "NODE_EVENTS",
-    "PARTITIONERS",
-    "STATES",
+    "ROW_COLUMN",
     "InputSchemaError",
     "InvalidInputError",
+    "Consumer",
+    "References",
     "Validated",
     "conform",
     "validate_inputs",
     "with_defaults",
 ]
 
-# ---- SPEC section 2 enums and ranges ----
-MODES = ("PARTITIONED", "REPLICATED")
-AFFINITIES = ("rendezvous", "ignite")
-LOSS_POLICIES = ("READ_ONLY_SAFE", "READ_WRITE_SAFE", "IGNORE")
-PARTITIONERS = ("murmur3", "ignite", "hazelcast")
-NODE_EVENTS = ("NODE_JOINED", "NODE_LEFT", "NODE_FAILED")
-GROUP_EVENTS = ("CACHE_STARTED", "CACHE_STOPPED", "RESET_LOST_PARTITIONS")
-EVENT_TYPES = NODE_EVENTS + GROUP_EVENTS
-STATES = ("OWNING", "MOVING", "RENTING", "EVICTED", "LOST")
-MAX_PARTITIONS = 65536
 
 _UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 _STRICT_EXAMPLES = 3
@@ -101,6 +102,12 @@ _NODE_CLIENT = f"{_NODE_REF}.client"
 _GROUP_OK = f"{_GROUP_REF}.ok"
 _GROUP_PARTITIONS = f"{_GROUP_REF}.partitions"
 _GROUP_PERSISTENT = f"{_GROUP_REF}.persistent"
+#: A caller's row number, carried through validation into ``Validated.rejected`` (when the raw table has it), so
+#: that a caller holding the rows can drop the rejected ones without collecting the valid ones.
+ROW_COLUMN = "__rebalancer_row"
+# Rows consumed by an earlier exchange, given for the rules that look across rows (never judged again).
+_STORED = "__rebalancer_stored"
+_STALE = "__rebalancer_stale"
 
 
 class InputSchemaError(ValueError):
@@ -153,10 +160,23 @@ class Validated:
     Attributes:
         valid: per input table, the rows that passed every rule, unchanged and with exactly the SPEC schema.
         rejected: every other row, with the ``rejected_rows`` schema of SPEC section 3.
+        numbered: the same rows plus :data:`ROW_COLUMN` (the caller's row number, where the raw table had one).
+        checked: the cached checked tables (``persist=True``), for :meth:`release`.
     """
 
     valid: dict[str, DataFrame]
-    rejected: DataFrame
+    numbered: DataFrame
+    checked: tuple[DataFrame, ...] = ()
+
+    @property
+    def rejected(self) -> DataFrame:
+        """Every rejected row, ``rejected_rows`` schema."""
+        return self.numbered.select(*REJECTED_ROWS.fieldNames())
+
+    def release(self) -> None:
+        """Unpersist the checked tables a ``persist=True`` validation cached."""
+        for df in self.checked:
+            df.unpersist()
 
 
 @dataclass(frozen=True)
@@ -309,9 +329,11 @@ def _conformed_frame(name: str, raw_df: DataFrame) -> tuple[DataFrame, list[_Rul
         raise InputSchemaError(problems[0])
     spec = INPUT_TABLES[name]
     found = {field.name: field.dataType for field in raw_df.schema.fields}
-    unchanged = [c for c in raw_df.columns if c in spec.names and found[c] == spec[c].dataType]
-    kept = {c: f"c{i}" for i, c in enumerate(raw_df.columns) if c not in unchanged}  # raw value -> field of _RAW
-    original = [_col(c) if c in unchanged else F.col(f"{_RAW}.{kept[c]}").alias(c) for c in raw_df.columns]
+    carried = [c for c in (COMMIT_COLUMN, _STORED, ROW_COLUMN) if c in raw_df.columns]  # bookkeeping, not the row
+    columns = [c for c in raw_df.columns if c not in carried]
+    unchanged = [c for c in columns if c in spec.names and found[c] == spec[c].dataType]
+    kept = {c: f"c{i}" for i, c in enumerate(columns) if c not in unchanged}  # raw value -> field of _RAW
+    original = [_col(c) if c in unchanged else F.col(f"{_RAW}.{kept[c]}").alias(c) for c in columns]
     row_json = F.to_json(F.struct(*original), {"ignoreNullFields": "false"})
 
     casts: list[Column] = []
@@ -336,6 +358,7 @@ def _conformed_frame(name: str, raw_df: DataFrame) -> tuple[DataFrame, list[_Rul
         *casts,
         *([F.struct(*[_col(c).alias(f) for c, f in kept.items()]).alias(_RAW)] if kept else []),
         F.array_compact(F.array(*failed_names, F.lit(None).cast("string"))).alias(_CAST_FAILED),
+        *[_col(c) for c in carried],
     )
     return frame_df, cast_rules, row_json
 
@@ -356,17 +379,30 @@ def _with_schema(df: DataFrame, schema: StructType) -> DataFrame:
 
 def _rejected_rows(name: str, checked: _Checked, exchange_id: Column) -> DataFrame:
     """The rows of a checked table that break a rule, as ``rejected_rows`` (sentences built only here)."""
-    rejected_df = checked.df.where(F.col(_BAD)).select(
+    row = F.col(ROW_COLUMN) if ROW_COLUMN in checked.df.columns else F.lit(None)
+    rejected_df = checked.df.where(F.col(_BAD) & _is_new(checked.df)).select(
         F.lit(name).alias("table_name"),
         checked.row_json.alias("row_json"),
         F.concat_ws("; ", *[F.when(rule.broken, rule.reason) for rule in checked.rules]).alias("reason"),
         exchange_id.cast("bigint").alias("exchange_id"),
+        row.cast("bigint").alias(ROW_COLUMN),
     )
-    return _with_schema(rejected_df, REJECTED_ROWS)
+    return _with_schema(rejected_df, StructType([*REJECTED_ROWS.fields, StructField(ROW_COLUMN, LongType())]))
 
 
 def _valid_rows(name: str, checked: _Checked) -> DataFrame:
-    return _with_schema(checked.df.where(~F.col(_BAD)).select(*_spec_columns(name)), INPUT_TABLES[name])
+    valid_df = checked.df.where(~F.col(_BAD) & _is_new(checked.df)).select(*_spec_columns(name))
+    return _with_schema(valid_df, INPUT_TABLES[name])
+
+
+def _is_new_col() -> Column:
+    """:func:`_is_new` for a frame known to carry ``_STORED`` (the partition_reports check adds it)."""
+    return ~F.coalesce(F.col(_STORED), F.lit(False))
+
+
+def _is_new(df: DataFrame) -> Column:
+    """Rows to judge: all of them, except the stored rows given only as context (see :func:`validate_inputs`)."""
+    return ~F.col(_STORED) if _STORED in df.columns else F.lit(True)
 
 
 def _with_rules(df: DataFrame, rules: Sequence[_Rule]) -> DataFrame:
@@ -395,7 +431,7 @@ def conform(name: str, raw_df: DataFrame) -> tuple[DataFrame, DataFrame]:
     """
     frame_df, cast_rules, row_json = _conformed_frame(name, raw_df)
     checked = _Checked(_with_rules(frame_df, cast_rules), cast_rules, row_json)
-    return _valid_rows(name, checked), _rejected_rows(name, checked, F.lit(None))
+    return _valid_rows(name, checked), _rejected_rows(name, checked, F.lit(None)).select(*REJECTED_ROWS.fieldNames())
 
 
 # =====================================================================================================================
@@ -453,25 +489,43 @@ def _not_a_uuid(column: str) -> _Rule:
     )
 
 
-def _distinct_column(keys: Sequence[str]) -> str:
-    return f"{_DISTINCT}_{'_'.join(keys)}"
+def _key_column(kind: str, keys: Sequence[str]) -> str:
+    return f"{_DISTINCT}_{kind}_{'_'.join(keys)}"
 
 
 def _conflicting(keys: Sequence[str], table: str, subject: Column, rule: str) -> _Rule:
-    """Rows that share a key which must be unique but differ in content: every one of them is rejected.
+    """Rows of one commit that share a key which must be unique but differ in content: all of them are rejected.
 
-    Exact copies of one row do not conflict (they are the ``_extra_copy`` rule's business).
+    Exact copies of one row do not conflict (they are the ``_extra_copy`` rule's business). Rows of different
+    commits are judged by :func:`_taken`: the row committed first stands.
     """
-    distinct = F.col(_distinct_column(keys))
+    distinct = F.col(_key_column("commit", keys))
     present = functools.reduce(lambda a, b: a & b, [F.col(k).isNotNull() for k in keys])
-    message = _text(subject, " appears in ", distinct, f" different {table} rows; {rule}, so all of them are rejected")
+    message = _text(
+        subject, " appears in ", distinct, f" different {table} rows committed together; {rule}, so all of them are "
+        "rejected",
+    )  # fmt: skip
     return _rule(present & (distinct > 1), message)
+
+
+def _taken(keys: Sequence[str], table: str, subject: Column, rule: str) -> _Rule:
+    """A row whose key a row committed earlier already holds, with other content: the earlier row stands."""
+    present = functools.reduce(lambda a, b: a & b, [F.col(k).isNotNull() for k in keys])
+    later = F.col(COMMIT_COLUMN) > F.col(_key_column("decided", keys))
+    other = F.col(_CONTENT) != F.col(_key_column("standing", keys))
+    message = _text(subject, f" is already held by a {table} row committed earlier, which stands ({rule})")
+    return _rule(present & later & other, message)
 
 
 def _extra_copy(key: Sequence[str], table: str) -> _Rule:
     """Rows identical in every SPEC column (a retried append): one is checked as usual, the others rejected."""
     message = f"exact duplicate of another {table} row (one copy is used, the others are rejected)"
-    return _rule((F.col(_distinct_column(key)) == 1) & (F.col(_COPY_RANK) > 1), message)
+    decided = F.col(_key_column("decided", key))
+    same_commit = (F.col(COMMIT_COLUMN) == decided) & (F.col(_key_column("commit", key)) == 1) & (
+        F.col(_COPY_RANK) > 1
+    )
+    later_copy = (F.col(COMMIT_COLUMN) > decided) & (F.col(_CONTENT) == F.col(_key_column("standing", key)))
+    return _rule(same_commit | later_copy, message)
 
 
 def _unknown_reference(column: str, table: str, ok: str) -> _Rule:
@@ -522,6 +576,37 @@ def _history_beyond_counter() -> _Rule:
     return _rule(F.col("wal_history_counter") > F.col("update_counter"), message)
 
 
+def _not_alive(alive: Sequence[str], at: str) -> _Rule:
+    """A report of a node that is not an alive server at the version consuming it: it cannot apply."""
+    message = _text(
+        "node_id ", _quoted("node_id"), f" is not alive at version {at}, which consumes this report; a report",
+        " applies only while its node is alive (a node that joins again reports its partitions again)",
+    )  # fmt: skip
+    known = F.coalesce(F.col(_NODE_OK), F.lit(False)) & ~F.coalesce(F.col(_NODE_CLIENT), F.lit(False))
+    return _rule(_is_new_col() & known & ~F.col("node_id").isin(list(alive)), message)
+
+
+def _not_running(running: Sequence[str], at: str) -> _Rule:
+    """A report of a group that is not running at the version consuming it."""
+    message = _text(
+        "group_name ", _quoted("group_name"), f" is not running at version {at}, which consumes this report",
+        " (stopped, or not started yet); append the report again once the group runs",
+    )  # fmt: skip
+    known = F.coalesce(F.col(_GROUP_OK), F.lit(False))
+    return _rule(_is_new_col() & known & ~F.col("group_name").isin(list(running)), message)
+
+
+def _stale() -> _Rule:
+    """A report not newer than a report of the same copy that an earlier exchange consumed: it can never apply."""
+    message = _text(
+        "report_seq ", F.col("report_seq"), " of node ", _quoted("node_id"), ", group ", _quoted("group_name"),
+        ", partition ", F.col("partition_id"), " is not newer than report_seq ", F.col(_STALE), " of this copy, which",
+        " an earlier exchange consumed; a copy's reports apply in report_seq order, so append it again with a",
+        " report_seq above ", F.col(_STALE),
+    )  # fmt: skip
+    return _rule(_is_new_col() & (F.col("report_seq") <= F.col(_STALE)), message)
+
+
 def _counter_regression(previous_max: Column, previous_seq: Column) -> _Rule:
     """An OWNING report of a persistent copy whose counter is below an earlier OWNING report of the same copy with
     no MOVING, RENTING, EVICTED or LOST report in between (see docs/VALIDATION.md for why only this case)."""
@@ -531,7 +616,7 @@ def _counter_regression(previous_max: Column, previous_seq: Column) -> _Rule:
         ") with no MOVING, RENTING, EVICTED or LOST report in between; the counter of a persistent OWNING copy"
         " never decreases",
     )  # fmt: skip
-    applies = _clean() & (F.col("state") == "OWNING") & F.coalesce(F.col(_GROUP_PERSISTENT), F.lit(False))
+    applies = _clean() & (F.col("state") == OWNING) & F.coalesce(F.col(_GROUP_PERSISTENT), F.lit(False))
     return _rule(applies & (F.col("update_counter") < previous_max), message)
 
 
@@ -541,12 +626,17 @@ def _counter_regression(previous_max: Column, previous_seq: Column) -> _Rule:
 
 
 def _with_copies(df: DataFrame, name: str, unique_keys: Sequence[Sequence[str]]) -> DataFrame:
-    """Add, for each key that must be unique, how many different rows share its value, and each row's rank among the
-    rows of the first (main) key. These are the only window functions of the per-row rules.
+    """Add what the uniqueness rules read, for each key that must be unique (the only windows of per-row rules).
 
-    Content means every SPEC column; maps cannot be compared or collected in Spark, so a map takes part as its JSON
-    text. The rank only matters when every row of the main key is identical; which copy ranks first is then
-    immaterial. Window ordered by its own keys: the rank and the main count share one window operator.
+    Keys are unique as under a database constraint, commit by commit (SPEC section 2): among the rows of one key,
+    the first commit holding exactly one content *decides*: its row stands (one copy is used, exact copies are
+    rejected) and rows of later commits are rejected, as duplicates or as conflicts. Rows of a commit holding
+    several contents for the key are all rejected. A frame without :data:`COMMIT_COLUMN` is one commit. Stored
+    rows (already consumed) take no part: they were judged when they were new.
+
+    Columns per key: how many distinct contents the row's commit holds for the key, the deciding commit, the
+    standing content; and each row's rank among the copies of its commit for the first (main) key. Content means
+    every SPEC column; a map takes part as its JSON text (maps cannot be compared in Spark).
     """
     content = F.struct(
         *[
@@ -554,14 +644,24 @@ def _with_copies(df: DataFrame, name: str, unique_keys: Sequence[Sequence[str]])
             for f in INPUT_TABLES[name].fields
         ]
     )
-    main = Window.partitionBy(*unique_keys[0]).orderBy(*unique_keys[0])
-    counts = {}
-    for keys in unique_keys:
-        whole = (
-            Window.partitionBy(*keys).orderBy(*keys).rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
-        )
-        counts[_distinct_column(keys)] = F.size(F.collect_set(F.col(_CONTENT)).over(whole))
-    return df.withColumn(_CONTENT, content).withColumns({_COPY_RANK: F.row_number().over(main), **counts})
+    if COMMIT_COLUMN not in df.columns:
+        df = df.withColumn(COMMIT_COLUMN, F.lit(0).cast("bigint"))
+    new = _is_new(df)
+    df = df.withColumn(_CONTENT, content)
+    added = {}
+    for i, keys in enumerate(unique_keys):
+        in_commit = Window.partitionBy(*keys, COMMIT_COLUMN)
+        distinct = _key_column("commit", keys)
+        df = df.withColumn(distinct, F.size(F.collect_set(F.when(new, F.col(_CONTENT))).over(in_commit)))
+        if i == 0:
+            df = df.withColumn(_COPY_RANK, F.row_number().over(in_commit.orderBy(*keys)))
+        whole = Window.partitionBy(*keys)
+        decided = F.min(F.when(new & (F.col(distinct) == 1), F.col(COMMIT_COLUMN))).over(whole)
+        df = df.withColumn(_key_column("decided", keys), decided)
+        standing = F.max(F.when(new & (F.col(COMMIT_COLUMN) == F.col(_key_column("decided", keys))),
+                                F.col(_CONTENT))).over(whole)
+        added[_key_column("standing", keys)] = standing
+    return df.withColumns(added)
 
 
 def _check_cache_groups(raw_df: DataFrame) -> _Checked:
@@ -581,6 +681,7 @@ def _check_cache_groups(raw_df: DataFrame) -> _Checked:
         _not_one_of("loss_policy", LOSS_POLICIES, "READ_WRITE_SAFE"),
         _not_one_of("partitioner", PARTITIONERS, "ignite for the ignite affinity, else murmur3"),
         _conflicting(["group_name"], "cache_groups", _named("group_name"), "names must be unique"),
+        _taken(["group_name"], "cache_groups", _named("group_name"), "names must be unique"),
         _extra_copy(["group_name"], "cache_groups"),
     ]
     return _Checked(_with_rules(frame_df, rules), rules, row_json)
@@ -597,8 +698,11 @@ def _check_nodes(raw_df: DataFrame) -> _Checked:
         _required("node_order", "a unique bigint join order"),
         _bad_capacity(),
         _conflicting(["node_id"], "nodes", _named("node_id"), "node ids must be unique"),
+        _taken(["node_id"], "nodes", _named("node_id"), "node ids must be unique"),
         _conflicting(["node_uuid"], "nodes", _named("node_uuid"), "runtime UUIDs must be unique"),
+        _taken(["node_uuid"], "nodes", _named("node_uuid"), "runtime UUIDs must be unique"),
         _conflicting(["node_order"], "nodes", _text("node_order ", F.col("node_order")), "join orders must be unique"),
+        _taken(["node_order"], "nodes", _text("node_order ", F.col("node_order")), "join orders must be unique"),
         _extra_copy(["node_id"], "nodes"),
     ]
     return _Checked(_with_rules(frame_df, rules), rules, row_json)
@@ -632,14 +736,37 @@ def _group_references(groups_checked_df: DataFrame) -> DataFrame:
     )
 
 
-def _with_references(df: DataFrame, node_refs_df: DataFrame, group_refs_df: DataFrame) -> DataFrame:
-    """Left-join the (small, broadcast) reference facts of the node and group each row names."""
-    return df.join(F.broadcast(node_refs_df), "node_id", "left").join(F.broadcast(group_refs_df), "group_name", "left")
+def _with_references(
+    df: DataFrame, node_refs_df: DataFrame | None, group_refs_df: DataFrame | None,
+    references: References | None = None, *, broadcast: bool = True,
+) -> DataFrame:
+    """The reference facts of the node and group each row names: literal maps when the caller gave them (no join),
+    else left joins with the facts computed from the checked tables (broadcast for large tables; a shuffle join
+    for small ones, which keeps the whole validation one Spark job)."""
+    if references is not None:
+        node_facts = F.create_map(*[x for n, (ok, client) in references.nodes.items() for x in (
+            F.lit(n), F.struct(F.lit(ok).alias("ok"), F.lit(client).alias("client")))])
+        group_facts = F.create_map(*[x for g, (ok, parts, persistent) in references.groups.items() for x in (
+            F.lit(g), F.struct(F.lit(ok).alias("ok"), F.lit(parts).cast("int").alias("partitions"),
+                               F.lit(persistent).alias("persistent")))])
+        node_type = "struct<ok:boolean,client:boolean>"
+        group_type = "struct<ok:boolean,partitions:int,persistent:boolean>"
+        node = F.try_element_at(node_facts, F.col("node_id")) if references.nodes else F.lit(None)
+        group = F.try_element_at(group_facts, F.col("group_name")) if references.groups else F.lit(None)
+        return df.withColumns({_NODE_REF: node.cast(node_type), _GROUP_REF: group.cast(group_type)})
+    assert node_refs_df is not None and group_refs_df is not None
+    if broadcast:
+        return df.join(F.broadcast(node_refs_df), "node_id", "left").join(
+            F.broadcast(group_refs_df), "group_name", "left")
+    return df.join(node_refs_df.hint("shuffle_hash"), "node_id", "left").join(
+        group_refs_df.hint("shuffle_hash"), "group_name", "left")
 
 
-def _check_topology_events(raw_df: DataFrame, node_refs_df: DataFrame, group_refs_df: DataFrame) -> _Checked:
+def _check_topology_events(
+    raw_df: DataFrame, node_refs_df: DataFrame, group_refs_df: DataFrame, broadcast: bool = True
+) -> _Checked:
     frame_df, cast_rules, row_json = _conformed_frame("topology_events", raw_df)
-    frame_df = _with_references(frame_df, node_refs_df, group_refs_df)
+    frame_df = _with_references(frame_df, node_refs_df, group_refs_df, broadcast=broadcast)
     frame_df = _with_copies(frame_df, "topology_events", [["event_seq"]])
     rules = [
         *cast_rules,
@@ -653,6 +780,7 @@ def _check_topology_events(raw_df: DataFrame, node_refs_df: DataFrame, group_ref
         _unknown_reference("group_name", "cache_groups", _GROUP_OK),
         _rejected_reference("group_name", "cache_groups", _GROUP_OK),
         _conflicting(["event_seq"], "topology_events", _text("event_seq ", F.col("event_seq")), "it must be unique"),
+        _taken(["event_seq"], "topology_events", _text("event_seq ", F.col("event_seq")), "it must be unique"),
         _extra_copy(["event_seq"], "topology_events"),
     ]
     return _Checked(_with_rules(frame_df, rules), rules, row_json)
@@ -662,11 +790,28 @@ _COPY = ["node_id", "group_name", "partition_id"]
 _REPORT_KEY = [*_COPY, "report_seq"]
 
 
-def _check_partition_reports(raw_df: DataFrame, node_refs_df: DataFrame, group_refs_df: DataFrame) -> _Checked:
+@dataclass(frozen=True)
+class Consumer:
+    """The version that consumes new reports: reports apply only to its alive servers and running groups."""
+
+    version: str
+    alive: tuple[str, ...]
+    running: tuple[str, ...]
+
+
+def _check_partition_reports(
+    raw_df: DataFrame, node_refs_df: DataFrame, group_refs_df: DataFrame, consumer: Consumer | None = None,
+    references: References | None = None, broadcast: bool = True,
+) -> _Checked:
     # One shuffle by copy serves every window below (each partitions by a superset of the copy key), and every
     # window is ordered by (copy, report_seq), so one sort serves them all.
     frame_df, cast_rules, row_json = _conformed_frame("partition_reports", raw_df)
-    frame_df = _with_references(frame_df.repartition(*_COPY), node_refs_df, group_refs_df)
+    frame_df = _with_references(frame_df.repartition(*_COPY), node_refs_df, group_refs_df, references,
+                                broadcast=broadcast)
+    if _STORED not in frame_df.columns:
+        frame_df = frame_df.withColumn(_STORED, F.lit(False))
+    newest_stored = F.max(F.when(F.col(_STORED), F.col("report_seq")))
+    frame_df = frame_df.withColumn(_STALE, newest_stored.over(Window.partitionBy(*_COPY)))
     frame_df = _with_copies(frame_df, "partition_reports", [_REPORT_KEY])
     copy_and_seq = _text(
         "report_seq ", F.col("report_seq"), " of node ", _quoted("node_id"), ", group ", _quoted("group_name"),
@@ -696,14 +841,18 @@ def _check_partition_reports(raw_df: DataFrame, node_refs_df: DataFrame, group_r
         _rejected_reference("group_name", "cache_groups", _GROUP_OK),
         _partition_beyond_group(),
         _conflicting(_REPORT_KEY, "partition_reports", copy_and_seq, "it must be unique per copy"),
+        _taken(_REPORT_KEY, "partition_reports", copy_and_seq, "it must be unique per copy"),
         _extra_copy(_REPORT_KEY, "partition_reports"),
+        _stale(),
+        *([_not_alive(consumer.alive, consumer.version), _not_running(consumer.running, consumer.version)]
+          if consumer is not None else []),
     ]
     frame_df = _with_rules(frame_df, rules)
     # Counter regressions, judged among the reports that broke no rule above: a run of consecutive OWNING reports
     # of one copy ("segment") ends at any other state; inside a run the counter must not decrease.
     by_seq = Window.partitionBy(*_COPY).orderBy("report_seq")
-    owning = _clean() & (F.col("state") == "OWNING")
-    resets = F.sum(F.when(_clean() & (F.col("state") != "OWNING"), 1).otherwise(0))
+    owning = _clean() & (F.col("state") == OWNING)
+    resets = F.sum(F.when(_clean() & (F.col("state") != OWNING), 1).otherwise(0))
     frame_df = frame_df.withColumn(
         _SEGMENT, resets.over(by_seq.rowsBetween(Window.unboundedPreceding, Window.currentRow))
     )
@@ -729,7 +878,15 @@ def _check_partition_reports(raw_df: DataFrame, node_refs_df: DataFrame, group_r
 
 
 def validate_inputs(
-    raw: Mapping[str, DataFrame], exchange_id: int | None = None, strict: bool = False, *, persist: bool = False
+    raw: Mapping[str, DataFrame],
+    exchange_id: int | None = None,
+    strict: bool = False,
+    *,
+    persist: bool = False,
+    stored_reports: DataFrame | None = None,
+    consumer: Consumer | None = None,
+    references: References | None = None,
+    small: bool = False,
 ) -> Validated:
     """Check the four input tables against SPEC section 2 and split every table into valid and rejected rows.
 
@@ -739,9 +896,18 @@ def validate_inputs(
         exchange_id: the exchange this validation belongs to, copied into every rejected row (may be None).
         strict: raise :class:`InvalidInputError` when any row is rejected, instead of returning it. This runs one
             Spark action (an aggregate over the rejected rows).
-        persist: check every table once, now (``localCheckpoint``), instead of lazily. The valid and the rejected
-            rows are both read from those checked rows, so the checks (windows over every report) are not run again
-            by each action on either; worth it when both are used, as the exchange does.
+        persist: keep every checked table in Spark's cache (memory, spilling to disk), so that the valid and the
+            rejected rows, both read from the checked rows, do not run the checks again; the caller unpersists
+            ``Validated.checked`` when done. (Not ``localCheckpoint``: its blocks are lost with their executor.)
+        stored_reports: reports an earlier exchange consumed, of the copies ``raw["partition_reports"]`` reports
+            on: the rules that look across a copy's reports (report_seq order, counter regressions) see them; they
+            are not judged again and appear in neither output.
+        consumer: the version consuming the new reports (None: their applicability is not checked). A report of
+            a node that is not alive there, or of a group that is not running there, is rejected with a reason.
+        references: what the caller already knows of every node and group (then the reports are checked against
+            these facts, with no join; the ``nodes`` and ``cache_groups`` tables given are still checked).
+        small: the tables are small (local relations): join the reference facts without broadcasting them, so
+            that the whole validation is one Spark job.
 
     Returns:
         :class:`Validated`: ``valid`` holds every input table (SPEC schema, rows unchanged) and ``rejected`` every
@@ -766,21 +932,31 @@ def validate_inputs(
     groups = _check_cache_groups(raw["cache_groups"])
     nodes = _check_nodes(raw["nodes"])
     node_refs_df, group_refs_df = _node_references(nodes.df), _group_references(groups.df)
+    reports_raw = raw["partition_reports"]
+    if stored_reports is not None:
+        context_df = stored_reports.select(*_spec_columns("partition_reports")).withColumns(
+            {_STORED: F.lit(True), COMMIT_COLUMN: F.lit(-1).cast("bigint")}
+        )
+        reports_raw = reports_raw.withColumn(_STORED, F.lit(False)).unionByName(context_df, allowMissingColumns=True)
     checked = {
         "cache_groups": groups,
         "nodes": nodes,
-        "topology_events": _check_topology_events(raw["topology_events"], node_refs_df, group_refs_df),
-        "partition_reports": _check_partition_reports(raw["partition_reports"], node_refs_df, group_refs_df),
+        "topology_events": _check_topology_events(raw["topology_events"], node_refs_df, group_refs_df, not small),
+        "partition_reports": _check_partition_reports(
+            reports_raw, node_refs_df, group_refs_df, consumer, references, not small
+        ),
     }
     if persist:
-        checked = {
-            name: _Checked(t.df.localCheckpoint(eager=True), t.rules, t.row_json) for name, t in checked.items()
-        }
+        checked = {name: _Checked(t.df.persist(), t.rules, t.row_json) for name, t in checked.items()}
     exchange = F.lit(exchange_id).cast("bigint")
     rejected_df = functools.reduce(
         DataFrame.unionByName, [_rejected_rows(name, table, exchange) for name, table in checked.items()]
     )
-    validated = Validated(valid={name: _valid_rows(name, t) for name, t in checked.items()}, rejected=rejected_df)
+    validated = Validated(
+        valid={name: _valid_rows(name, t) for name, t in checked.items()},
+        numbered=rejected_df,
+        checked=tuple(t.df for t in checked.values()) if persist else (),
+    )
     if strict:
         _raise_if_rejected(validated.rejected)
     return validated
@@ -828,7 +1004,7 @@ def with_defaults(name: str, valid_df: DataFrame) -> DataFrame:
             "mode": F.coalesce(F.col("mode"), F.lit("PARTITIONED")),
             "affinity": affinity,
             "exclude_neighbors": F.coalesce(F.col("exclude_neighbors"), F.lit(False)),
-            "loss_policy": F.coalesce(F.col("loss_policy"), F.lit("READ_WRITE_SAFE")),
+            "loss_policy": F.coalesce(F.col("loss_policy"), F.lit(READ_WRITE_SAFE)),
             "persistent": F.coalesce(F.col("persistent"), F.lit(True)),
             "partitioner": F.coalesce(
                 F.col("partitioner"), F.when(affinity == "ignite", "ignite").otherwise("murmur3")

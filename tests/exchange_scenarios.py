@@ -12,7 +12,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rebalancer.config import Settings
-from rebalancer.exchange.job import ExchangeSummary, run_exchange
+from rebalancer.pipeline import ExchangeSummary, run_exchange
 from rebalancer.storage import Warehouse, open_warehouse
 from rebalancer.tables import CACHE_GROUPS, NODES, PARTITION_REPORTS, TOPOLOGY_EVENTS
 
@@ -70,6 +70,21 @@ class Cluster:
             self._report_seq += 1
             out.append((node, group, partition, state, counter, size, size * 10, wal, self._report_seq))
         self.warehouse.append("partition_reports", self.spark.createDataFrame(out, PARTITION_REPORTS))
+
+    def report_at(self, rows: list[tuple[str, str, int, str, int, int, int | None]], seq: int) -> None:
+        """Like :meth:`report`, with explicit ``report_seq`` values ``seq, seq + 1, ...`` (a collector's own)."""
+        out = [(n, g, p, state, counter, size, size * 10, wal, seq + i)
+               for i, (n, g, p, state, counter, size, wal) in enumerate(rows)]
+        self.warehouse.append("partition_reports", self.spark.createDataFrame(out, PARTITION_REPORTS))
+
+    def event_at(self, seq: int, event_type: str, node: str | None = None, group: str | None = None) -> None:
+        """Append one event with an explicit ``event_seq`` (a retried or concurrent writer)."""
+        self.events_at([(seq, event_type, node, group)])
+
+    def events_at(self, events: list[tuple[Any, ...]]) -> None:
+        """Append events ``(seq, type, node[, group])`` in ONE commit."""
+        rows = [(e[0], e[1], e[2], e[3] if len(e) > 3 else None, T0 + timedelta(seconds=e[0])) for e in events]
+        self.warehouse.append("topology_events", self.spark.createDataFrame(rows, TOPOLOGY_EVENTS))
 
     def exchange(self, **kwargs: Any) -> list[ExchangeSummary]:
         return run_exchange(self.spark, self.warehouse, self.settings, clock=self.clock, **kwargs)

@@ -78,15 +78,17 @@ def reference_ignite(
                 return False
         return True
 
-    if backups > 0:
+    if backups > 0:  # Ignite 2.18: the filter first, then (with exclNeighbors) the neighbourhood
         for node in sorted_nodes[1:]:
             if len(res) >= primary_and_backups:
                 break
+            if names and not backup_filter_apply(node, res):
+                continue
             if excl:
                 if nodes.hosts[node] not in all_neighbors:
                     res.append(node)
                     all_neighbors.add(nodes.hosts[node])
-            elif (names and backup_filter_apply(node, res)) or not names:
+            else:
                 res.append(node)
     if len(res) < primary_and_backups and len(topology) >= primary_and_backups and excl:
         for node in sorted_nodes[1:]:
@@ -203,7 +205,7 @@ def test_exclude_neighbors_refills_with_neighbours_when_hosts_run_out() -> None:
         assert row.tolist() == reference_ignite(p, nodes, 2, False, True, (), False)
 
 
-def test_exclude_neighbors_ignores_the_backup_filter() -> None:
+def test_exclude_neighbors_refill_ignores_the_backup_filter() -> None:
     nodes = NodeSet.of(
         ["a", "b", "c"],
         node_uuids=[UUID(i) for i in range(3)],
@@ -211,7 +213,23 @@ def test_exclude_neighbors_ignores_the_backup_filter() -> None:
         attributes=[{"zone": "z"}] * 3,
     )
     got = assign_ignite(np.arange(32), nodes, backups=2, exclude_neighbors=True, backup_filter=["zone"])
-    assert (got >= 0).all()  # the filter would have allowed a single replica
+    assert (got >= 0).all()  # the filter alone would have allowed a single replica; the refill ignores it
+
+
+def test_exclude_neighbors_applies_the_backup_filter_too() -> None:
+    # Measured on real Ignite 2.18.0 (tests/interop/test_ignite_affinity.py, cache "both", 200 partitions): the
+    # first pass needs the filter *and* another host. Partition 3: primary zeta (host1, z0); node0 (host0, z0)
+    # ranks before Aa (host0, z1) but shares zeta's zone, so Ignite takes Aa.
+    nodes = NodeSet.of(
+        ["node0", "Aa", "alpha-7", "zeta"],
+        node_uuids=[UUID(i) for i in range(1, 5)],
+        hosts=["host0", "host0", "host1", "host1"],
+        attributes=[{"zone": "z0"}, {"zone": "z1"}, {"zone": "z2"}, {"zone": "z0"}],
+    )
+    got = assign_ignite([3], nodes, backups=1, exclude_neighbors=True, backup_filter=["zone"])
+    assert ids(nodes, got) == [["zeta", "Aa"]]
+    plain = assign_ignite([3], nodes, backups=1, exclude_neighbors=True)
+    assert ids(nodes, plain) == [["zeta", "node0"]]
 
 
 def test_backup_filter_discards_backups_it_cannot_place() -> None:

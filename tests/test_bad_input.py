@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from rebalancer.cli import main
-from rebalancer.exchange.job import VERSIONED_TABLES, run_exchange
+from rebalancer.pipeline import VERSIONED_TABLES, run_exchange
 from rebalancer.tables import TOPOLOGY_EVENTS
 from rebalancer.validation import InputSchemaError, InvalidInputError, validate_inputs
 from tests.exchange_scenarios import T0, Cluster
@@ -60,10 +60,10 @@ EVENTS: list[tuple[Any, ...]] = [
     ("unknown_type", f"event_type 'node_joined' is not one of {EVENT_TYPES}", 11, "node_joined", "n1", None),
     ("unknown_node", "node_id 'ghost' is not in nodes", 12, "NODE_JOINED", "ghost", None),
     ("unknown_node", "group_name 'nope' is not in cache_groups", 13, "CACHE_STOPPED", None, "nope"),
-    ("duplicate_seq", "event_seq 14 appears in 2 different topology_events rows; it must be unique, so all of them "
-     "are rejected", 14, "NODE_LEFT", "n1", None),
-    ("duplicate_seq", "event_seq 14 appears in 2 different topology_events rows; it must be unique, so all of them "
-     "are rejected", 14, "NODE_FAILED", "n1", None),
+    ("duplicate_seq", "event_seq 14 appears in 2 different topology_events rows committed together; it must be "
+     "unique, so all of them are rejected", 14, "NODE_LEFT", "n1", None),
+    ("duplicate_seq", "event_seq 14 appears in 2 different topology_events rows committed together; it must be "
+     "unique, so all of them are rejected", 14, "NODE_FAILED", "n1", None),
     ("exact_copy_seq", VALID, 15, "NODE_LEFT", "n2", None),
     ("exact_copy_seq", "exact duplicate of another topology_events row (one copy is used, the others are rejected)",
      15, "NODE_LEFT", "n2", None),
@@ -103,10 +103,10 @@ REPORTS: list[tuple[Any, ...]] = [
     _r("decreasing_counter", VALID, "n3", "g", 3, "MOVING", 0, 34),
     _r("decreasing_counter", VALID, "n3", "g", 3, "OWNING", 5, 35),
     _r("duplicate_report_seq", "report_seq 40 of node 'n3', group 'wide', partition 1 appears in 2 different "
-       "partition_reports rows; it must be unique per copy, so all of them are rejected",
+       "partition_reports rows committed together; it must be unique per copy, so all of them are rejected",
        "n3", "wide", 1, "OWNING", 10, 40),
     _r("duplicate_report_seq", "report_seq 40 of node 'n3', group 'wide', partition 1 appears in 2 different "
-       "partition_reports rows; it must be unique per copy, so all of them are rejected",
+       "partition_reports rows committed together; it must be unique per copy, so all of them are rejected",
        "n3", "wide", 1, "OWNING", 11, 40),
     _r("duplicate_report_seq", VALID, "n3", "wide", 0, "OWNING", 10, 41),
     _r("duplicate_report_seq", "exact duplicate of another partition_reports row (one copy is used, the others are "
@@ -395,7 +395,7 @@ def test_empty_cluster_commits_every_partition_lost_and_nothing_to_assign(
 
 
 def test_late_event_reason_names_the_seq_to_append_above() -> None:
-    from rebalancer.exchange.versions import Event, late_events
+    from rebalancer.exchange.events import Event, late_events
 
     [rejection] = late_events([Event(3, "NODE_JOINED", node_id="n3")], 6)
     assert rejection.event.event_seq == 3

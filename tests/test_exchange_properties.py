@@ -42,8 +42,9 @@ temporary, all OWNING); an OWNING report that a version consumes (``report_seq``
 from an alive server shows as an OWNING (or RENTING) copy in that version's map.
 
 Every exchange the test runs itself (not the twin's) after the first is also run a second time on a copy of the
-warehouse with ``carry_settled=False``: carrying the settled partitions over (:mod:`rebalancer.exchange.settled`)
-must give exactly the rows of recomputing every partition, in every versioned table.
+warehouse with ``carry_settled=False``: carrying the settled partitions over (``rebalancer.pipeline``,
+docs/EXCHANGE.md "Settled partitions") must give exactly the rows of recomputing every partition, in every
+versioned table.
 
 Each example runs 2-5 real exchanges of several seconds each, so the default run is capped at 2 examples
 (``EXAMPLES`` below). Longer runs: ``HYPOTHESIS_PROFILE=soak .venv/bin/python -m pytest
@@ -66,7 +67,7 @@ from hypothesis import strategies as st
 
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.client.affinity import assign
-from rebalancer.exchange.job import VERSIONED_TABLES
+from rebalancer.pipeline import VERSIONED_TABLES
 from rebalancer.twin.simulate import simulate
 from tests.exchange_scenarios import Cluster
 

@@ -62,6 +62,13 @@ def groups_df(spark: SparkSession, groups: Sequence[tuple[str, int, str | None, 
     return spark.createDataFrame([(g, p, 1, a, k) for g, p, a, k in groups], GROUPS_DDL)
 
 
+def routed(assignment: DataFrame, groups: DataFrame) -> DataFrame:
+    """The exchange's three routing steps: digests (Spark), fold (driver), the lead groups' rows (Spark)."""
+    mappings = routing.fold(routing.routing_digests(assignment).toArrow().to_pylist(),
+                            [r.asDict() for r in groups.collect()])
+    return client_affinity(assignment, mappings)
+
+
 def key_in_partition(partition_id: int, partitions: int, partitioner: str = "murmur3") -> str:
     """The first ``key-<i>`` that ``partitioner`` sends to ``partition_id``."""
     for i in range(100_000):
@@ -92,7 +99,7 @@ GROUPS = [
 
 
 def test_identical_groups_share_one_mapping_and_different_ones_do_not(spark: SparkSession) -> None:
-    actual_df = client_affinity(assignment_df(spark, LAYOUT), groups_df(spark, GROUPS))
+    actual_df = routed(assignment_df(spark, LAYOUT), groups_df(spark, GROUPS))
 
     # mapping ids are dense, ordered by each mapping's smallest group name: audit, events, orders+payments, users
     expected_df = spark.createDataFrame(
@@ -119,7 +126,7 @@ def test_null_partitioner_of_the_ignite_affinity_is_ignite_so_it_does_not_fold_w
     layout = {"a": SHARED, "b": SHARED, "c": SHARED}
     groups = [("a", 2, "ignite", None), ("b", 2, "ignite", "IGNITE"), ("c", 2, "rendezvous", None)]
 
-    rows = client_affinity(assignment_df(spark, layout), groups_df(spark, groups)).collect()
+    rows = routed(assignment_df(spark, layout), groups_df(spark, groups)).collect()
 
     assert sorted({(r.mapping_id, tuple(r.group_names)) for r in rows}) == [(0, ("a", "b")), (1, ("c",))]
     assert resolve_partitioner(None, "ignite") == "ignite"
@@ -127,19 +134,19 @@ def test_null_partitioner_of_the_ignite_affinity_is_ignite_so_it_does_not_fold_w
     assert resolve_partitioner("Hazelcast", "ignite") == "hazelcast"
 
 
-def test_a_fingerprint_collision_never_folds_different_mappings(
+def test_one_hash_family_colliding_never_folds_different_mappings(
     spark: SparkSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Every row hashes to 0, so all three groups (same row count and settings) collide; the exact check must
-    # catch that c differs, and the class splits into one mapping per group rather than misrouting c's keys.
+    # Every xxhash64 is 0, so that family cannot tell the groups apart (same row count and settings); the other
+    # family must, so c keeps its own mapping while the identical a and b share one, and no key of c misroutes.
     monkeypatch.setattr(routing.F, "xxhash64", lambda *cols: F.lit(0).cast("long"))
     layout = {"a": SHARED, "b": SHARED, "c": [["n3", "n1"], ["n2", "n3"]]}
     groups = [(g, 2, None, None) for g in layout]
 
-    rows = client_affinity(assignment_df(spark, layout), groups_df(spark, groups)).collect()
+    rows = routed(assignment_df(spark, layout), groups_df(spark, groups)).collect()
 
     mappings = {tuple(r.group_names): r.mapping_id for r in rows}
-    assert mappings == {("a",): 0, ("b",): 1, ("c",): 2}
+    assert mappings == {("a", "b"): 0, ("c",): 1}
     primary_c0 = [r.primary_node for r in rows if r.group_names == ["c"] and r.partition_id == 0]
     assert primary_c0 == ["n3"]
 
@@ -151,7 +158,7 @@ def test_a_temporary_primary_is_what_clients_route_to_not_the_ideal_primary(spar
     late = {"orders": [["n3", "n1", "n2"], ["n2", "n1"]]}
     late_df = assignment_df(spark, late, temporary=frozenset({("orders", 0)}))
 
-    actual_df = client_affinity(late_df, groups_df(spark, [("orders", 2, None, None)]))
+    actual_df = routed(late_df, groups_df(spark, [("orders", 2, None, None)]))
 
     expected_df = spark.createDataFrame(
         [(0, ["orders"], 0, "n3", ["n1", "n2"]), (0, ["orders"], 1, "n2", ["n1"])], CLIENT_AFFINITY_STAGE
@@ -168,7 +175,7 @@ def test_a_temporary_primary_is_what_clients_route_to_not_the_ideal_primary(spar
 
 
 def test_export_round_trips_through_a_json_file_into_routing_map(spark: SparkSession, tmp_path: Path) -> None:
-    rows = client_affinity(assignment_df(spark, LAYOUT), groups_df(spark, GROUPS)).collect()
+    rows = routed(assignment_df(spark, LAYOUT), groups_df(spark, GROUPS)).collect()
     group_rows = groups_df(spark, GROUPS).collect()
 
     doc = export_rows_to_json(rows, group_rows, (7, 2))
@@ -362,7 +369,7 @@ def test_property_the_client_primary_is_replica_0_for_every_group_and_partition(
     groups = [(g, p, a, k) for g, (p, a, k) in settings_of.items()]
     group_rows = [{"group_name": g, "partitions": p, "affinity": a, "partitioner": k} for g, p, a, k in groups]
 
-    rows = client_affinity(assignment_df(spark, layout, temporary), groups_df(spark, groups)).collect()
+    rows = routed(assignment_df(spark, layout, temporary), groups_df(spark, groups)).collect()
     routing_map = RoutingMap.from_dict(export_rows_to_json(rows, group_rows, (1, 0)))
 
     assert routing_map.groups() == sorted(layout)

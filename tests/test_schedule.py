@@ -122,8 +122,9 @@ def test_two_transfers_sharing_a_sender_split_its_bandwidth_then_the_survivor_sp
     out = schedule(plan, model)
     assert col(out, "est_start_s") == [0.0, 0.0]
     assert col(out, "est_end_s") == [pytest.approx(1.1), pytest.approx(1.6)]
-    # Lower bound: a sends 3e8 B at 2e8 B/s = 1.5 (the largest term; c receives 1.0, chains 0.6 and 1.1).
-    assert lower_bound(out, model) == pytest.approx(1.5)
+    # Lower bound: a sends 3e8 B at 2e8 B/s = 1.5 s, and no byte moves before the first overhead ends: 0.1 + 1.5 =
+    # 1.6 (the largest term; c receives 0.1 + 1.0, chains 0.6 and 1.1). The schedule meets it.
+    assert lower_bound(out, model) == pytest.approx(1.6)
     # serial: each alone at min(4e8, 2e8): 0.1 + 0.5 = 0.6, then 0.1 + 1.0 = 1.1, ends at 1.7.
     assert makespan(schedule(plan, model, "serial")) == pytest.approx(1.7)
 
@@ -508,22 +509,34 @@ def check_invariants(plan: pa.Table, out: pa.Table, model: CostModel, policy: st
         for a, b in zip(order, order[1:], strict=False):
             assert ends[a] == starts[b]
         return
-    # greedy: at every instant, no ready step that would fit is left waiting
+    # greedy: at every instant, no ready step that would fit is left waiting. Under ours a COPY may also wait while
+    # a COPY runs into its target or out of one of its candidates (direction-aware admission, or the candidate
+    # schedule that reads from the primary only), never when all of them are idle.
     previous = {idx[k]: idx[k - 1] for idx in by_part.values() for k in range(1, len(idx))}
     cap = model.max_parallel_per_node
     for t in sorted(set(starts.tolist()) | set(ends.tolist())):
-        load = defaultdict(int)
+        load: dict[str, int] = defaultdict(int)
+        receiving: dict[str, int] = defaultdict(int)
+        sending: dict[str, int] = defaultdict(int)
         for i in range(n):
             if starts[i] <= t < ends[i]:
                 for v in nodes_of[i]:
                     load[v] += 1
+                if rows[i]["action"] == "COPY":
+                    receiving[rows[i]["target_node"]] += 1
+                    sending[rows[i]["source_node"]] += 1
         for i in range(n):
             if starts[i] <= t or (i in previous and ends[previous[i]] > t):
                 continue
             r, g = rows[i], given_rows[i]
             if r["action"] == "COPY":
                 pool = g["candidates"] if policy == "ours" else [g["primary_node"] or g["source_node"]]
-                fits = load[r["target_node"]] < cap and any(load[c] < cap for c in pool if c != r["target_node"])
+                free = [c for c in pool if c != r["target_node"] and load[c] < cap]
+                fits = load[r["target_node"]] < cap and bool(free)
+                if policy == "ours":
+                    others = [c for c in pool if c != r["target_node"]]
+                    fits = (fits and not receiving[r["target_node"]] and len(free) == len(others)
+                            and not any(sending[c] for c in others))
             else:
                 fits = all(load[v] < cap for v in nodes_of[i])
             assert not fits, f"step {r} ready and fitting at t={t} but started at {starts[i]}"

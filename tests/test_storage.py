@@ -114,7 +114,7 @@ def _sample(dtype: DataType, i: int) -> Any:
     if isinstance(dtype, ArrayType):
         return [_sample(dtype.elementType, 0), None, _sample(dtype.elementType, 1)] if i == 0 else []
     if isinstance(dtype, MapType):
-        return {"zone": "z1", "rack": None} if i == 0 else {}
+        return {"zone": _sample(dtype.valueType, 0), "rack": None} if i == 0 else {}
     raise AssertionError(f"no sample for {dtype}")
 
 
@@ -746,3 +746,33 @@ def test_timing_one_million_rows(spark: SparkSession, warehouse_dir: Path) -> No
         step()
         print(f"{label}: {time.perf_counter() - started:.2f} s")
     assert wh.read("partition_map").count() == 1_150_000
+
+
+@pytest.mark.parametrize("rows_hint", [None, 10**9], ids=["one-shared-job", "a-job-per-table"])
+def test_replace_where_many_replaces_each_table_at_the_version_and_calls_back_after_each_commit(
+    spark: SparkSession, wh: DeltaRsWarehouse, rows_hint: int | None
+) -> None:
+    """Flat tables share one staging job, a table with array columns gets its own; large writes take Spark's own
+    Parquet writer per table. Every path leaves the same rows and one commit per table, in order."""
+    routing = tables.CLIENT_AFFINITY
+
+    def mapping(major: int, primary: str) -> DataFrame:
+        return spark.createDataFrame([(major, 0, 1, ["g"], 0, primary, ["b", "c"])], routing)
+
+    wh.append("topology", _topology(spark, 1, ["a", "b"]))
+    wh.append("client_affinity", mapping(1, "a"))
+    wh.replace_where("topology", _topology(spark, 2, ["old"]), {"topology_major": 2, "topology_minor": 0})
+    committed: list[str] = []
+    wh.replace_where_many(
+        {"topology": _topology(spark, 2, ["x", "y"]), "client_affinity": mapping(2, "x")},
+        {"topology_major": 2, "topology_minor": 0},
+        committed=committed.append,
+        rows_hint=rows_hint,
+    )
+    assert committed == ["topology", "client_affinity"]
+    expected = _topology(spark, 1, ["a", "b"]).union(_topology(spark, 2, ["x", "y"]))
+    assert_df_equality(wh.read("topology"), expected, ignore_row_order=True, ignore_nullable=True)
+    rows = wh.read("client_affinity").collect()
+    assert sorted((r.topology_major, r.primary_node, list(r.backup_nodes)) for r in rows) == [
+        (1, "a", ["b", "c"]), (2, "x", ["b", "c"])
+    ]

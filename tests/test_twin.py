@@ -74,7 +74,7 @@ def test_twin_errors_are_one_clear_sentence(spark: Any, tmp_path: Path) -> None:
     c = Cluster.create(spark, tmp_path / "empty")
     with pytest.raises(TwinError, match="run `rebalancer exchange` first"):
         simulate(spark, c.warehouse, c.settings)
-    assert stability(spark, c.warehouse) is None
+    assert stability(c.warehouse) is None
     c = steady_three_nodes(spark, tmp_path / "w")
     with pytest.raises(TwinError, match="go together"):
         simulate(spark, c.warehouse, c.settings, fail_node="n1")
@@ -118,7 +118,7 @@ def test_exchange_and_simulate_started_together_commit_one_version_and_one_clear
 ) -> None:
     import threading
 
-    from rebalancer.exchange.job import ExchangeConflictError
+    from rebalancer.pipeline import ExchangeConflictError
 
     c = steady_three_nodes(spark, tmp_path / "w")
     c.event("NODE_FAILED", node="n2")

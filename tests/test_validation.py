@@ -262,7 +262,8 @@ def test_group_with_null_attribute_in_backup_filter_is_rejected(outcome: Outcome
 
 _first, _second = group("gdup-g", 8), group("gdup-g", 16)
 _reason = (
-    "group_name 'gdup-g' appears in 2 different cache_groups rows; names must be unique, so all of them are rejected"
+    "group_name 'gdup-g' appears in 2 different cache_groups rows committed together;"
+    " names must be unique, so all of them are rejected"
 )
 GROUP_DUPLICATE_NAME = case(
     "gdup",
@@ -323,7 +324,10 @@ def test_node_without_node_order_is_rejected(outcome: Outcome) -> None:
 
 
 _first, _second = node("ndup-n", host="a"), node("ndup-n", host="b")
-_reason = "node_id 'ndup-n' appears in 2 different nodes rows; node ids must be unique, so all of them are rejected"
+_reason = (
+    "node_id 'ndup-n' appears in 2 different nodes rows committed together;"
+    " node ids must be unique, so all of them are rejected"
+)
 NODE_DUPLICATE_ID = case(
     "ndup",
     nodes=[node("ndup-other"), _first, _second],
@@ -336,7 +340,10 @@ def test_nodes_sharing_an_id_are_all_rejected(outcome: Outcome) -> None:
 
 
 _first, _second = node("nsame-a", node_order=9001), node("nsame-b", node_order=9001)
-_reason = "node_order 9001 appears in 2 different nodes rows; join orders must be unique, so all of them are rejected"
+_reason = (
+    "node_order 9001 appears in 2 different nodes rows committed together;"
+    " join orders must be unique, so all of them are rejected"
+)
 NODE_DUPLICATE_ORDER = case(
     "nsame",
     nodes=[node("nsame-c"), _first, _second],
@@ -352,7 +359,8 @@ _uuid = "0f8fad5b-d9cb-469f-a165-70867728950e"
 _first, _second = node("nuuid-a", node_uuid=_uuid), node("nuuid-b", node_uuid=_uuid)
 _malformed = node("nuuid-bad", node_uuid="not-a-uuid")
 _reason = (
-    f"node_uuid '{_uuid}' appears in 2 different nodes rows; runtime UUIDs must be unique, so all of them are rejected"
+    f"node_uuid '{_uuid}' appears in 2 different nodes rows committed together;"
+        " runtime UUIDs must be unique, so all of them are rejected"
 )
 NODE_UUIDS = case(
     "nuuid",
@@ -414,7 +422,10 @@ def test_event_without_event_seq_is_rejected(outcome: Outcome) -> None:
 
 
 _first, _second = event(201, "NODE_JOINED", "edup-n"), event(201, "NODE_LEFT", "edup-n")
-_reason = "event_seq 201 appears in 2 different topology_events rows; it must be unique, so all of them are rejected"
+_reason = (
+    "event_seq 201 appears in 2 different topology_events rows committed together;"
+    " it must be unique, so all of them are rejected"
+)
 EVENT_DUPLICATE_SEQ = case(
     "edup",
     nodes=[node("edup-n")],
@@ -669,7 +680,8 @@ _of_bad_group = report("rrej-n", "rrej-bad", 0)
 _dup_nodes = [node("rrej-twin", host="x"), node("rrej-twin", host="y")]
 _of_dup_node = report("rrej-twin", "rrej-g", 0)
 _twin_reason = (
-    "node_id 'rrej-twin' appears in 2 different nodes rows; node ids must be unique, so all of them are rejected"
+    "node_id 'rrej-twin' appears in 2 different nodes rows committed together;"
+    " node ids must be unique, so all of them are rejected"
 )
 REPORT_OF_REJECTED_ROWS = case(
     "rrej",
@@ -721,7 +733,8 @@ def test_report_from_a_client_node_is_rejected(outcome: Outcome) -> None:
 _first = report("rdup-n", "rdup-g", 3, report_seq=9, update_counter=10)
 _second = report("rdup-n", "rdup-g", 3, report_seq=9, update_counter=12)
 _reason = (
-    "report_seq 9 of node 'rdup-n', group 'rdup-g', partition 3 appears in 2 different partition_reports rows; "
+    "report_seq 9 of node 'rdup-n', group 'rdup-g', partition 3 appears in 2 different partition_reports rows "
+    "committed together; "
     "it must be unique per copy, so all of them are rejected"
 )
 REPORT_DUPLICATE_SEQ = case(

@@ -10,7 +10,7 @@ Contract:
   REPLICATED), fewer only where a ``backup_filter`` cannot be satisfied. No nodes (or no groups) gives an empty
   result.
 - Exact and deterministic: every partition's list is computed by the kernels of ``rebalancer.affinity.rendezvous``
-  / ``.ignite`` through ``rebalancer.client.affinity.assign_indexes``, the same call the pure client makes; Spark
+  / ``.ignite`` through ``rebalancer.affinity.assign.assign_indexes``, the same call the pure client makes; Spark
   partitioning and batch sizes never change a value.
 
 How it runs: ``nodes`` and ``cache_groups`` are small dimension tables (thousands of rows at most), so they are
@@ -32,14 +32,14 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
-from rebalancer.affinity.nodeset import NodeSet
-from rebalancer.client.affinity import (
+from rebalancer.affinity.assign import (
     MAX_PARTITIONS,
     InvalidGroupSettingsError,
     assign_indexes,
     normalise_affinity,
     normalise_mode,
 )
+from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.config import AffinitySettings
 
 __all__ = ["IDEAL_ASSIGNMENT_STAGE", "GroupAffinity", "ideal_assignment"]

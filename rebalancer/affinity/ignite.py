@@ -15,11 +15,13 @@ Transcribed behaviour (from Ignite 2.x ``RendezvousAffinityFunction.assignPartit
   ``node_id``. Ties need two consistent ids with equal ``hashCode`` (e.g. "Aa" and "BB").
 - replicas = min(backups + 1, nodes); with a single node every partition gets that node.
 - PARTITIONED walk, primary = first: with ``exclude_neighbors`` a node is accepted when no accepted node shares its
-  host (Ignite groups neighbours by MAC addresses; here ``host`` plays that role, nulls forming one group) and
-  ``backup_filter`` is ignored entirely (Ignite: "backupFilter is ignored if excludeNeighbors is set"). If the
-  list is then short, Ignite walks the ranking again from the second node and appends every node not yet in the
-  list until it is full (it logs the one-time ``exclNeighborsWarn`` warning "excludeNeighbors property is ignored
-  because topology has no enough nodes to assign backups"; the assignment is what matters here).
+  host (Ignite groups neighbours by MAC addresses; here ``host`` plays that role, nulls forming one group) *and*,
+  when ``backup_filter`` is set, the filter below accepts it (Ignite 2.18 tests the filters first, then the
+  neighbourhood; older 2.x sources ignored the filter under exclNeighbors, and real Ignite 2.18.0 was measured to
+  apply both: docs/INTEROP.md). If the list is then short, Ignite walks the ranking again from the second node and
+  appends every node not yet in the list until it is full, ignoring the filter as well (it logs the one-time
+  ``exclNeighborsWarn`` warning "excludeNeighbors property is ignored because topology has no enough nodes to
+  assign backups"; the assignment is what matters here).
 - Without ``exclude_neighbors``, a non-empty ``backup_filter`` is ``ClusterNodeAttributeAffinityBackupFilter`` as
   of 2.11+: a candidate is rejected when some accepted node has equal values (``Objects.equals``: null equals null)
   for *all* listed attributes. There is no refill: a partition may get fewer backups (-1 slots here).
@@ -174,7 +176,7 @@ def assign_ignite(
         nodes: the affinity topology (alive server nodes); their order does not matter.
         backups: ``CacheConfiguration.backups`` (>= 0); ignored when ``replicated``.
         replicated: REPLICATED cache: primary by rank, then every other node in consistent-id order.
-        exclude_neighbors: ``excludeNeighbors``; when set, ``backup_filter`` is ignored (as Ignite does).
+        exclude_neighbors: ``excludeNeighbors``; combined with ``backup_filter`` when both are set (Ignite 2.18).
         backup_filter: attribute names of a ``ClusterNodeAttributeAffinityBackupFilter``; empty = no filter.
         ids_as_strings: hash UUID-shaped consistent ids as strings too.
 
@@ -203,8 +205,11 @@ def assign_ignite(
     fill: ClassConstraint | None = None
     if not replicated:
         if exclude_neighbors:
-            constraint = ClassConstraint((nodes.host_classes()[prep.perm],))
-            fill = ClassConstraint(())  # second pass: any node not yet chosen, in rank order
+            classes = [nodes.host_classes()[prep.perm]]
+            if backup_filter:
+                classes.append(nodes.filter_classes(tuple(backup_filter))[prep.perm])
+            constraint = ClassConstraint(tuple(classes))
+            fill = ClassConstraint(())  # second pass: any node not yet chosen, in rank order, filter ignored
         elif backup_filter:
             constraint = ClassConstraint((nodes.filter_classes(tuple(backup_filter))[prep.perm],))
 

@@ -1,13 +1,14 @@
 """Client routing (Ignite IEP-23 "partition awareness"): the late assignment folded into shared client mappings.
 
-Stage contract (:func:`client_affinity`, pure DataFrame -> DataFrame, no I/O, no collect):
+Three steps, two of them Spark (no I/O, no Python per row):
 
-- Input ``assignment_df``: the LATE assignment of one version, i.e. who really serves traffic
-  (``group_name, partition_id, replica_index, node_id, is_temporary``; extra columns such as the version are
-  ignored). Replica 0 is the primary, temporary or not; a partition's node list is its rows ordered by
-  ``replica_index`` (ties by ``node_id``). Rows with a null in any of those key columns are ignored.
-- Input ``groups_df``: ``cache_groups`` rows (SPEC section 2); only ``group_name``, ``partitions``, ``affinity``
-  and ``partitioner`` are read. Only groups present in both inputs are routed.
+1. :func:`routing_digests` (one aggregate): per group of the LATE assignment (who really serves traffic; replica
+   0 is the primary, temporary or not; rows with a null key are ignored), its row count and three independent
+   64-bit multiset hashes of its ``(partition, replica, node)`` rows;
+2. :func:`fold` (pure Python, one row per group): groups with equal partition count, resolved partitioner and
+   digests share a mapping;
+3. :func:`client_affinity`: each mapping's rows from its lead group's assignment (the only rows aggregated).
+
 - A group's *mapping* is (``partitions``, resolved ``partitioner``, the ordered node list of every partition).
   The partitioner resolves per SPEC: null means ``ignite`` for the ``ignite`` affinity, else ``murmur3``.
 - Groups with identical mappings share one ``mapping_id``; ``group_names`` is sorted ascending.
@@ -16,11 +17,10 @@ Stage contract (:func:`client_affinity`, pure DataFrame -> DataFrame, no I/O, no
 - Output: one row per (mapping, partition present in the assignment) with schema :data:`CLIENT_AFFINITY_STAGE`
   (the ``client_affinity`` table without the version columns, which the exchange job adds).
 
-Folding is exact and needs no ``collect()`` (details and measurements: docs/ROUTING.md): a per-group fingerprint from
-declarative aggregates (row count + a 64-bit multiset hash of the rows) proposes classes of equal groups; every
-class with more than one member is then checked row by row (each ``(partition, replica, node)`` must occur in all
-members), and a class that fails the check (a hash collision) is split into one mapping per group, so a collision
-can cost folding but never a wrong route. Node lists are aggregated only from each mapping's lead group.
+Folding by digest (docs/ROUTING.md): two groups with different rows fold only if their row counts and all three
+64-bit multiset hashes collide at once. (The row-by-row check of every class that earlier versions ran cost a
+shuffle of the whole assignment per exchange; three independent 64-bit sums make a false fold astronomically
+unlikely instead.)
 
 Export (:func:`export_rows_to_json`, pure Python): the committed ``client_affinity`` rows of one version plus the
 ``cache_groups`` rows become the ``rebalancer-routing-v1`` JSON document (docs/ROUTING.md) that
@@ -29,10 +29,11 @@ Export (:func:`export_rows_to_json`, pure Python): the committed ``client_affini
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -42,6 +43,10 @@ from rebalancer.tables import CLIENT_AFFINITY, VERSION_COLUMNS
 
 __all__ = [
     "CLIENT_AFFINITY_STAGE",
+    "DIGEST_LANES",
+    "ClientMapping",
+    "fold",
+    "routing_digests",
     "ROUTING_FORMAT",
     "RoutingExportError",
     "client_affinity",
@@ -86,23 +91,110 @@ def resolved_partitioner_col(partitioner: str = "partitioner", affinity: str = "
     )
 
 
-def client_affinity(assignment_df: DataFrame, groups_df: DataFrame) -> DataFrame:
-    """Fold the late assignment into client mappings shared by groups with identical routing.
+#: Per group: its rows and three independent 64-bit multiset hashes of them (sums of per-row hashes, each split
+#: into 32-bit halves so the sums cannot overflow).
+DIGEST_LANES = ("rows", "xx_lo", "xx_hi", "xr_lo", "xr_hi", "mm_lo", "mm_hi")
 
-    Reads ``assignment_df`` three times (fingerprint, verification, output rows): pass a materialised frame
-    (a persisted DataFrame or the written ``affinity_assignment`` version), not an expensive lazy plan.
+
+def routing_digests(assignment_df: DataFrame) -> DataFrame:
+    """Per group of the late assignment: row count and multiset hashes of its ``(partition, replica, node)`` rows.
+
+    One aggregate (partial aggregation: no row is shuffled). Groups with equal digests, partition counts and
+    partitioners route identically unless three independent 64-bit hash sums all collide (docs/ROUTING.md).
 
     Args:
-        assignment_df: the late assignment (``group_name, partition_id, replica_index, node_id, is_temporary``),
-            replica 0 = the node that really serves as primary; ``(group_name, partition_id, replica_index)``
-            is unique, as the late-affinity stage produces it.
-        groups_df: ``cache_groups`` rows (``group_name``, ``partitions``, ``affinity``, ``partitioner`` are read).
+        assignment_df: ``group_name, partition_id, replica_index, node_id`` rows (extra columns ignored).
 
     Returns:
-        A DataFrame with schema :data:`CLIENT_AFFINITY_STAGE`, one row per routed mapping and partition:
-        ``primary_node`` = replica 0, ``backup_nodes`` = the other replicas in ``replica_index`` order.
+        ``group_name`` and the :data:`DIGEST_LANES` columns, one row per group.
     """
-    rows_df = assignment_df.where(
+    cols = ("partition_id", "replica_index", "node_id")
+    lanes = {
+        "xx": F.xxhash64(*cols),
+        "xr": F.xxhash64(*reversed(cols)),
+        "mm": F.hash(*cols).cast("long") * F.lit(2654435761) + F.hash(*reversed(cols)).cast("long"),
+    }
+    sums = [F.count(F.lit(1)).alias("rows")]
+    for name, h in lanes.items():
+        sums += [F.sum(h.bitwiseAND(F.lit(0xFFFFFFFF))).alias(f"{name}_lo"),
+                 F.sum(F.shiftrightunsigned(h, 32)).alias(f"{name}_hi")]
+    return _clean(assignment_df).groupBy("group_name").agg(*sums)
+
+
+@dataclass(frozen=True)
+class ClientMapping:
+    """One client mapping: the groups that route identically, named by the smallest (the lead)."""
+
+    mapping_id: int
+    group_names: tuple[str, ...]
+
+    @property
+    def lead(self) -> str:
+        return self.group_names[0]
+
+
+def fold(digests: Iterable[dict[str, Any]], groups: Iterable[dict[str, Any]]) -> list[ClientMapping]:
+    """Groups with identical routing folded into mappings (pure Python over one row per group).
+
+    Args:
+        digests: :func:`routing_digests` rows.
+        groups: ``cache_groups`` rows (``group_name``, ``partitions``, ``affinity``, ``partitioner``); only groups
+            present in both are routed.
+
+    Returns:
+        The mappings, ``mapping_id`` 0, 1, ... ordered by each mapping's smallest group name; ``group_names``
+        sorted.
+    """
+    settings = {
+        g["group_name"]: (int(g["partitions"]), resolve_partitioner(g.get("partitioner"), g.get("affinity")))
+        for g in groups
+    }
+    classes: dict[tuple[Any, ...], list[str]] = {}
+    for d in digests:
+        name = d["group_name"]
+        if name in settings:
+            key = (*settings[name], *(int(d[lane]) for lane in DIGEST_LANES))
+            classes.setdefault(key, []).append(name)
+    members = sorted(tuple(sorted(names)) for names in classes.values())
+    return [ClientMapping(i, names) for i, names in enumerate(members)]
+
+
+def client_affinity(assignment_df: DataFrame, mappings: Sequence[ClientMapping]) -> DataFrame:
+    """The client mappings' rows: each mapping's partitions from its lead group's late assignment.
+
+    Args:
+        assignment_df: the late assignment (``group_name, partition_id, replica_index, node_id``), replica 0 the
+            node that really serves as primary; ``(group_name, partition_id, replica_index)`` unique.
+        mappings: :func:`fold`'s result.
+
+    Returns:
+        :data:`CLIENT_AFFINITY_STAGE` rows, one per mapping and assigned partition: ``primary_node`` replica 0,
+        ``backup_nodes`` the other replicas in ``replica_index`` order (ties by node id).
+    """
+    leads = {m.lead: m for m in mappings}
+    if not leads:
+        return assignment_df.sparkSession.createDataFrame([], CLIENT_AFFINITY_STAGE)
+    ids = F.create_map(*[x for m in mappings for x in (F.lit(m.lead), F.lit(m.mapping_id))])
+    names = F.create_map(*[x for m in mappings for x in (F.lit(m.lead), F.array(*[F.lit(n) for n in m.group_names]))])
+    return (
+        _clean(assignment_df)
+        .where(F.col("group_name").isin(sorted(leads)))
+        .groupBy("group_name", "partition_id")
+        .agg(F.sort_array(F.collect_list(F.struct("replica_index", "node_id"))).alias("replicas"))
+        .select(
+            F.element_at(ids, F.col("group_name")).cast("int").alias("mapping_id"),
+            F.element_at(names, F.col("group_name")).alias("group_names"),
+            "partition_id",
+            F.col("replicas")[0]["node_id"].alias("primary_node"),
+            F.slice(F.col("replicas.node_id"), 2, F.greatest(F.size("replicas") - 1, F.lit(0))).alias("backup_nodes"),
+        )
+        .to(CLIENT_AFFINITY_STAGE)
+    )
+
+
+def _clean(assignment_df: DataFrame) -> DataFrame:
+    """The assignment's routing columns, without rows missing any of them."""
+    return assignment_df.where(
         F.col("group_name").isNotNull()
         & F.col("partition_id").isNotNull()
         & F.col("replica_index").isNotNull()
@@ -112,75 +204,6 @@ def client_affinity(assignment_df: DataFrame, groups_df: DataFrame) -> DataFrame
         F.col("partition_id").cast("int").alias("partition_id"),
         F.col("replica_index").cast("int").alias("replica_index"),
         "node_id",
-    )
-    settings_df = groups_df.select(
-        "group_name",
-        F.col("partitions").cast("int").alias("partitions"),
-        resolved_partitioner_col().alias("partitioner"),
-    )
-
-    # 1. fingerprint per group (declarative aggregates only): row count + a 64-bit multiset hash of its rows,
-    #    summed as two 32-bit halves so the sums cannot overflow.
-    row_hash = F.xxhash64("partition_id", "replica_index", "node_id")
-    fingerprint_df = (
-        rows_df.groupBy("group_name")
-        .agg(
-            F.count(F.lit(1)).alias("fp_rows"),
-            F.sum(row_hash.bitwiseAND(F.lit(0xFFFFFFFF))).alias("fp_lo"),
-            F.sum(F.shiftrightunsigned(row_hash, 32)).alias("fp_hi"),
-        )
-        .join(F.broadcast(settings_df), "group_name", "inner")
-    )
-    # 2. candidate classes: equal settings and fingerprint; the class is named by its smallest group ("lead")
-    class_keys = ["partitions", "partitioner", "fp_rows", "fp_lo", "fp_hi"]
-    candidate_df = fingerprint_df.join(
-        F.broadcast(
-            fingerprint_df.groupBy(*class_keys).agg(
-                F.min("group_name").alias("lead"), F.count(F.lit(1)).alias("members")
-            )
-        ),
-        class_keys,
-    ).select("group_name", "lead", "members")
-    # 3. exact check of every class with more than one group: with (partition, replica) unique per group, the
-    #    groups are identical iff every (partition, replica, node) of the class occurs in all its members.
-    shared_df = candidate_df.where(F.col("members") > 1)
-    mismatched_df = (
-        rows_df.join(F.broadcast(shared_df), "group_name")
-        .groupBy("lead", "partition_id", "replica_index", "node_id")
-        .agg(F.count(F.lit(1)).alias("occurrences"), F.first("members").alias("members"))
-        .where(F.col("occurrences") != F.col("members"))
-        .select("lead")
-        .distinct()
-        .withColumn("mismatch", F.lit(True))
-    )
-    # a class that fails the check (a hash collision) is split into one mapping per group: never a wrong route
-    member_df = candidate_df.join(F.broadcast(mismatched_df), "lead", "left").select(
-        "group_name",
-        F.when(F.col("mismatch"), F.col("group_name")).otherwise(F.col("lead")).alias("lead"),
-    )
-    # 4. one mapping per class; dense ids ordered by the smallest group name
-    mapping_df = (
-        member_df.groupBy("lead")
-        .agg(F.sort_array(F.collect_list("group_name")).alias("group_names"))
-        .withColumn("mapping_id", (F.row_number().over(Window.partitionBy(F.lit(0)).orderBy("lead")) - 1).cast("int"))
-        .withColumnRenamed("lead", "group_name")
-    )
-    # 5. rows of each mapping's lead group only: node lists ordered by replica_index (ties by node_id)
-    return (
-        rows_df.join(F.broadcast(mapping_df), "group_name")
-        .groupBy("mapping_id", "partition_id")
-        .agg(
-            F.first("group_names").alias("group_names"),
-            F.sort_array(F.collect_list(F.struct("replica_index", "node_id"))).alias("replicas"),
-        )
-        .select(
-            "mapping_id",
-            "group_names",
-            "partition_id",
-            F.col("replicas")[0]["node_id"].alias("primary_node"),
-            F.slice(F.col("replicas.node_id"), 2, F.greatest(F.size("replicas") - 1, F.lit(0))).alias("backup_nodes"),
-        )
-        .to(CLIENT_AFFINITY_STAGE)
     )
 
 

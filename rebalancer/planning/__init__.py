@@ -1,1 +1,1 @@
-"""Migration planning: planner, scheduler and cost model, partition versions and stamps."""
+"""Migration planning after the kernel: the plan's suppliers, bytes and ids (plan), and its schedule (schedule)."""

@@ -3,7 +3,8 @@
 :func:`schedule` takes the rows of a migration plan (one row per step, :data:`PLAN_INPUT_SCHEMA`) and returns the
 same rows, in the same order, with the COPY source chosen and ``wave``, ``est_start_s`` and ``est_end_s`` filled in
 (:data:`SCHEDULED_SCHEMA`). :func:`lower_bound` gives a makespan no schedule of the plan can beat under the cost
-model; :func:`makespan` reads a schedule's makespan. Pure NumPy and pyarrow: no Spark.
+model (:func:`lower_bound_terms` its terms); :func:`makespan` reads a schedule's makespan. Pure NumPy and pyarrow:
+no Spark.
 
 Input rows
     A partition is ``(group_name, partition_id)``; its steps are numbered ``step`` = 1..k (no gap, no duplicate).
@@ -27,72 +28,127 @@ Cost model (fluid, simulated event by event; parameters in :class:`CostModel`)
       count the transfers in their transfer phase sending from that source / receiving at that target. Rates
       change only when a transfer starts or ends, so between two events every transfer moves at a constant rate
       and the simulation is exact (up to floating point). A COPY of 0 bytes ends after its overhead.
+    * Direction-aware admission (``ours`` only; the baselines use slots alone): a node's inbound and outbound
+      directions admit COPYs separately, so a node saturated in one direction still admits work in the other. A
+      COPY is *committed* to its target's inbound and its source's outbound direction from its start until its
+      transfer is within ``overhead_s`` of its end at its current rate (so that a successor's overhead overlaps
+      its last bytes). A direction is closed while its committed COPYs' stream rates add up to its limit, and is
+      never closed with nothing committed. Limits apply to the nodes that both receive COPYs and may send some:
+      ``bw`` where the node's bandwidth outweighs its slots (the fewest transfers that fill the link: 7 entry
+      transfers at the defaults) and ``bw - slowest stream`` where its slots outweigh its bandwidth (the most
+      that slow no transfer below its stream: 6); other nodes have none. PROMOTEs and DROPs need slots only.
     * Waves: ``wave`` is the dense rank (1, 2, ...) of the distinct start times rounded to 1e-9 s: wave k is the
       k-th instant at which some steps start.
 
 Policies (:data:`POLICIES`)
+    Every policy but ``serial`` is a greedy list schedule: at every event the ready steps are offered the free
+    slots in a priority order and each one that fits starts.
+
     ``ours``
-        Greedy list scheduling: at every event, every ready step that fits starts, in this priority order:
-        (1) partitions under-replicated (``owners < replicas``) or with one owner (``owners <= 1``) first; (2) fewer
-        ``owners`` first; (3) steps without a transfer (PROMOTE, DROP) before COPYs; (4) larger *bottleneck load*
-        first; (5) larger estimated duration first; (6) ``(group_name, partition_id, step)`` ascending. A step's
-        estimated duration is ``overhead_s + bytes / r``, with ``r = min(stream, bw)`` its rate alone. The static
-        *load* of a node is the sum of the estimated durations of the steps touching it, where a COPY counts in
-        full on its target and for ``1/k`` on each of its ``k`` usable candidates (its source is not chosen yet).
-        The bottleneck load of a step is the largest load among the nodes it touches; for a COPY,
-        ``max(load(target), min over candidates of load)`` (it can send from its least loaded candidate).
-        Rule (3): a PROMOTE or DROP holds a slot only for ``overhead_s`` and moves no bytes, so starting it first
-        costs a transfer little and unlocks its partition's next step; ranked after the COPYs, such steps pile up
-        at the end (measured: a 9 -> 10 scale-up took 18% over the lower bound at cap 10, 1.5% with the rule).
-        Rule (4) is the classic "longest remaining work on the bottleneck first": a busy node's queue is started
-        early so that it does not idle at the end while others wait on it. A COPY's source is picked when it
-        starts, among its candidates with a free slot (the target excluded): the least *bound work* (its pinned
-        load, the estimated durations of the steps that must touch it whatever the sources, plus those of the COPYs
-        it was already picked for: this balances every node's total work, and keeps a node that must also drop
-        many copies, such as a leaving one, from being every partition's supplier), then the fewest running COPYs
-        sending from it (overhead phase included), then the fewest bytes assigned to send, then ``node_id``.
+        The shortest of three list schedules (the first on a tie), each simulated in full; one is abandoned as
+        soon as it runs past the shortest so far. All three put first the partitions SPEC 4 sends first
+        (*urgent*: ``owners < replicas`` or ``owners <= 1``), so at every instant the urgent ready steps are
+        offered the free slots before any other: no other step takes a slot an urgent ready step could use.
+
+        1. *balanced*: priority (1) urgent first; (2) fewer ``owners``; (3) steps without a transfer (PROMOTE,
+           DROP) before COPYs; (4) least *slack*; (5) ``(group_name, partition_id, step)``. A node's work is
+           counted in seconds of its dominant resource: its slots (solo time over ``max_parallel_per_node``),
+           its inbound or its outbound bandwidth (bytes over ``bw``), a COPY's source side shared evenly by its
+           candidates. Walking each node's steps in plan order, a step's latest start there is the node's work
+           before it minus the node's whole work (up to a constant); a step's slack is the least over the nodes
+           it must touch, its candidates counted at the one where it is latest. Least slack first keeps the most
+           loaded nodes busy from the start and interleaves each node's steps in plan order. A COPY reads from
+           the open candidate with the least bound work (the work pinned to it whatever the sources, plus the
+           COPYs already read from it: this balances every node's total work, and keeps a node that must also
+           drop many copies, such as a leaving one, from being every partition's supplier), then the fewest
+           running COPYs sending from it, then the fewest bytes assigned, then ``node_id``. Direction-aware
+           admission.
+        2. *previous*: the order of the scheduler before issue 18, slots only: urgent first, fewer owners, steps
+           without a transfer first, then the larger *bottleneck load* (a node's load is the solo time of the
+           steps it must host plus an even share of the COPYs it may send; a step's, the largest over its nodes,
+           a COPY's source side at its least loaded candidate), then the longer solo time, then plan order; the
+           same source choice. It is that scheduler exactly, so ``ours`` is never longer than it was; it wins on
+           random plans whose nodes both send and receive at random, where direction limits can starve a node
+           whose transfers are slowed at their other end.
+        3. *ordered*: urgent first, then ``(group_name, partition_id, step)``; a COPY reads from ``hazelcast``'s
+           source when that is one of its candidates, else from its first open candidate; slots only. When the
+           partitions are in one priority class and every COPY's ``hazelcast`` source is one of its candidates
+           (plans of the planner with FULL rebalances: the serving primary owns), this *is* the ``hazelcast``
+           schedule, so ``ours`` is never longer than ``hazelcast``. Across classes no such promise holds: going
+           urgent first can cost time (one slot on ``a``; urgent ``a -> b`` 1 s; other partition ``a -> c`` 1 s
+           then ``c -> d`` 10 s: urgent first ends at 12 s, partition order at 11 s).
+
+        What each rule of *balanced* is for, measured on the benchmark's plans (docs/PLANNING.md): sorting a
+        node's COPYs longest first (the previous order's fifth rule) made equal-size transfers start and end
+        together, so their successors' overheads coincided and a receiving node's link idled: 10-12% over the
+        bound after the XL / XXL failures. Ranking by the static bottleneck load (its fourth) exhausted the
+        work of the most loaded node's pairs first and left idle nodes at the end at cap 1 (26% over on M).
+        Admitting by slots only let one direction fill a node's slots (cap 20, 19% over) and slowed transfers
+        below their stream rate where slots were scarce (cap 10, 4.5%).
     ``hazelcast``
         Hazelcast's migration scheduler as a baseline: a COPY always reads from ``primary_node`` (``source_node``
-        when null), whatever the candidates; first-fit in ``(group_name, partition_id, step)`` order (at every
-        event the ready steps are scanned in that order and each one that fits starts); same slots and rates.
+        when null), whatever the candidates; first-fit in ``(group_name, partition_id, step)`` order; slots only;
+        same rates.
     ``serial``
         One step at a time in ``(group_name, partition_id, step)`` order, from ``source_node`` as given; each runs
         alone, so a COPY moves at ``min(stream, bw)``. Its makespan is the sum of the estimated durations.
 
     ``ours`` and ``hazelcast`` never take longer than ``serial``. Let W(t) be the serial time still owed by the
-    unfinished steps (remaining overhead plus remaining bytes at each one's solo rate). Some step always runs (when
-    none runs every slot is free, so any ready step starts). If one is in its overhead W falls at rate >= 1; else
-    take the node where the largest count m of transfers meets (as sender or receiver): each of those m transfers
-    has ``n_out, n_in <= m``, so it moves at least ``min(stream, bw/m) >= min(stream, bw)/m``, and together they
-    lower W at rate >= 1. So the makespan is at most W(0), the serial makespan.
+    unfinished steps (remaining overhead plus remaining bytes at each one's solo rate). Some step always runs:
+    when none runs, every slot is free and no direction has a COPY committed, so any ready step starts. If one
+    is in its overhead W falls at rate >= 1; else take the node where the largest count m of transfers meets
+    (as sender or receiver): each of those m transfers has ``n_out, n_in <= m``, so it moves at least
+    ``min(stream, bw/m) >= min(stream, bw)/m``, and together they lower W at rate >= 1. So the makespan is at
+    most W(0), the serial makespan.
 
-Lower bound (:func:`lower_bound`)
-    The maximum of (a) every node's bytes received / bw; (b) every node's bytes sent (by the scheduled
-    ``source_node``) / bw; (c) for every node, the sum over the steps touching it of ``overhead_s + bytes / r``
-    divided by ``max_parallel_per_node``; (d) for every partition, the sum over its steps of ``overhead_s + bytes /
-    r``, with ``r = min(stream, bw)``. Each bounds any schedule of the plan (with these sources) under the model:
-    (a) and (b) because the transfers at one node share ``bw`` per direction (``n`` of them each get at most
-    ``bw / n``); (c) because a step holds one of the node's slots for at least its solo duration (its rate never
-    exceeds ``r``) and at most ``max_parallel_per_node`` slots exist; (d) because a partition's steps run one after
-    the other, each for at least its solo duration. (The issue wrote ``bytes / stream``; ``bytes / min(stream, bw)``
-    is never smaller and equally valid.)
+Lower bound (:func:`lower_bound`, :func:`lower_bound_terms`)
+    Write ``r = min(stream, bw)``, ``solo = overhead_s + bytes / r`` for a COPY (``overhead_s`` for the others),
+    ``head`` / ``tail`` for the solo times of the steps before / after a step in its partition, and a COPY's
+    *pool* for its candidates and its ``source_node`` but its target: the nodes any policy may read it from.
+    Take any schedule that reads every COPY from its pool, with makespan T. A step starts no earlier than its
+    head (its partition's earlier steps run one after the other, each for at least its solo time: no rate
+    exceeds ``r``) and ends no later than T minus its tail, and holds its slots for at least its solo time. So:
+
+    (a) receive: for every node v, the COPYs into v with bytes move them only in their transfer phases, which
+        lie in ``[min(head) + overhead_s, T - min(tail)]``, at most ``bw`` per second in all:
+        ``T >= min(head) + overhead_s + bytes_in(v) / bw + min(tail)``.
+    (b) send: the same for the COPYs whose pool is v alone; and for a set S of k nodes, the COPYs whose whole
+        pool lies in S send their bytes from S at most ``k * bw`` per second: ``T >= bytes / (k * bw)``.
+    (c) slots: for every node v, the steps that must touch it (its COPYs in, its PROMOTEs and DROPs, the COPYs
+        whose pool is v alone) hold one of its ``cap`` slots each for their solo time within
+        ``[min(head), T - min(tail)]``; for a set S of k nodes, those steps plus the COPYs whose whole pool lies
+        in S hold S's ``k * cap`` slots: ``T >= time / (k * cap)``.
+    (d) odd sets: a step with both its nodes in S holds two of S's ``k * cap`` slots, so with ``k * cap`` odd at
+        most ``(k * cap - 1) / 2`` such steps run at once: ``T >= time of those steps / ((k * cap - 1) / 2)``. And
+        splitting the nodes into S and U (j nodes): every step but S's one-node steps has both nodes in S or
+        touches U, and at most ``j * cap`` steps touch U at once, so
+        ``T >= (all solo time - one-node time in S) / ((k * cap - 1) / 2 + j * cap)``.
+    (e) chain: a partition's steps run one after the other: ``T >= head + solo + tail`` of any step.
+
+    The sets S are the first k nodes of rankings by the work that must be done there (for (b) by bytes, for (c)
+    and (d) by slot time, each with and without an even share of the flexible sources), and for (d)'s second
+    form S is every node but the j with the most one-node step time. The bound is the largest term; the
+    property tests check that it never exceeds the makespan of any policy on thousands of random plans.
 
 Implementation
-    An event queue holds overhead ends and transfer ends (lazily invalidated when a transfer's rate changes).
-    Events less than 1e-9 s apart are processed as one instant, so symmetric transfers end together despite
-    rounding. After an event only the transfers sharing a sender or a receiver with a transfer that started or
-    ended can change rate; their rates are recomputed together with NumPy. A ready step that does not fit waits
-    in a heap, ordered by priority, per pair of nodes it would touch (its node twice for a one-node step; a COPY in
-    the pair of its target with each candidate). A pair holds waiting steps only while one of its nodes is full, so
-    when a node frees a slot only its pairs with a partner that is not full, and the newly ready steps, are looked
-    at, merged in priority order; a pair is left as soon as one of its nodes is full again. This starts exactly
-    the steps the full scan in priority order would start, and every waiting step taken out starts: none is
-    rescanned. Measured on 2 cores: 10,000 steps on 10 nodes in 0.3 s, 100,000 steps on 1,000 nodes in 4-5 s.
+    An event queue holds overhead ends, transfer ends and direction releases (lazily invalidated when a
+    transfer's rate changes). Events less than 1e-9 s apart are processed as one instant, so symmetric transfers
+    end together despite rounding. After an event only the transfers sharing a sender or a receiver with a
+    transfer that started or ended can change rate, and only those whose stream exceeds the new fair share
+    ``bw / count``. A ready step that does not fit waits in a heap, ordered by priority, per pair of nodes it
+    would touch (its node twice for a one-node step; a COPY in the pair of each candidate and its target). A
+    pair holds waiting steps only while one of its nodes is closed (for a COPY: the target's slots or inbound
+    direction, the candidate's slots or outbound direction), so when a node opens only its pairs with an open
+    partner are looked at (an intersection with the set of open nodes), merged in priority order; every waiting
+    step taken out starts. Scheduling time is this event loop, in Python, once per candidate: measured on 2
+    cores, the XXL failure plan (1,824 steps) takes 0.06-0.31 s of CPU, a synthetic plan of 1,000,000 steps on
+    1,000 nodes 262 s (docs/PLANNING.md, "Speed").
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,9 +159,11 @@ __all__ = [
     "PLAN_INPUT_SCHEMA",
     "POLICIES",
     "SCHEDULED_SCHEMA",
+    "BoundTerms",
     "CostModel",
     "ScheduleInputError",
     "lower_bound",
+    "lower_bound_terms",
     "makespan",
     "schedule",
 ]
@@ -139,11 +197,14 @@ _SCHEDULE_FIELDS = [
 ]
 SCHEDULED_SCHEMA = pa.schema([*PLAN_INPUT_SCHEMA, *_SCHEDULE_FIELDS])
 
-_LOWER_BOUND_COLUMNS = ("group_name", "partition_id", "action", "source_node", "target_node", "transfer", "bytes")
+_LOWER_BOUND_COLUMNS = (
+    "group_name", "partition_id", "step", "action", "source_node", "target_node", "transfer", "bytes"
+)
 _A_COPY, _A_PROMOTE, _A_DROP = 0, 1, 2
 _ACTION_CODES = {COPY: _A_COPY, PROMOTE: _A_PROMOTE, DROP: _A_DROP}
 _EVENT_EPS = 1e-9  # events closer than this are one instant
 _WAVE_DECIMALS = 9
+_RATE_TOLERANCE = 0.5  # bytes/s: committed stream rates are sums of the model's rates
 
 
 class ScheduleInputError(ValueError):
@@ -196,12 +257,42 @@ class _Plan:
     src: np.ndarray  # int64 node index
     tgt: np.ndarray  # int64 node index, -1 when null
     primary: np.ndarray  # int64 node index, -1 when null
-    candidates: list[tuple[int, ...]]  # per row: candidate node indices (empty unless COPY), ascending
+    pool_node: np.ndarray  # int64: the nodes each COPY may read from (its candidates but its target), ascending
+    pool_start: np.ndarray  # int64, n + 1 offsets: row i's pool is pool_node[pool_start[i]:pool_start[i + 1]]
     nbytes: np.ndarray  # float64, 0 unless COPY
     stream: np.ndarray  # float64 stream rate of a COPY (entries or files), 0 otherwise
     owners: np.ndarray  # int64
     replicas: np.ndarray  # int64
     nxt: np.ndarray  # int64 row of the next step of the partition, -1 for the last
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """One greedy list schedule of a plan: the order steps are offered slots in and how COPY sources are picked.
+
+    ``rank``: dispatch priority per row (a permutation of ``0..n-1``, 0 first). ``pool_node`` / ``pool_start``:
+    per row, the nodes a COPY may read from (as in :class:`_Plan`). ``work``: per node, the work bound to it so far
+    (a COPY reads from the open pool member with the least, then fewest COPYs sending, then fewest bytes assigned,
+    then lowest index, and adds its solo duration), or None: the first open pool member. ``limits``: per node, the
+    committed stream rate from which a direction admits no further COPY (direction-aware admission, with the
+    release of transfers ending within ``overhead_s``), or None: slots only.
+    """
+
+    rank: np.ndarray
+    pool_node: np.ndarray
+    pool_start: np.ndarray
+    work: np.ndarray | None = None
+    limits: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class _Run:
+    """A simulated schedule: per row its start, end and the node it read from; and its makespan."""
+
+    start: list[float]
+    end: list[float]
+    chosen: list[int]
+    makespan: float
 
 
 def schedule(plan: pa.Table, model: CostModel, policy: str = "ours") -> pa.Table:
@@ -228,23 +319,14 @@ def schedule(plan: pa.Table, model: CostModel, policy: str = "ours") -> pa.Table
     if not isinstance(model, CostModel):
         raise ScheduleInputError(f"model: expected a CostModel, got {type(model).__name__}")
     p = _decode(plan, PLAN_INPUT_SCHEMA.names, model)
+    solo = _solo_durations(p, model)
     if policy == "serial":
-        start, end, chosen = _serial(p, model)
+        run = _serial(p, solo)
+    elif policy == "hazelcast":
+        run = _simulate(p, model, _hazelcast(p), solo)
     else:
-        if policy == "ours":
-            sources = [tuple(c for c in cands if c != p.tgt[i]) for i, cands in enumerate(p.candidates)]
-            rank, source_cost = _ours_rank(p, model, sources)
-        else:
-            source_cost = None
-            sources = [
-                (int(p.primary[i]) if p.primary[i] >= 0 else int(p.src[i]),) if a == _A_COPY else ()
-                for i, a in enumerate(p.action.tolist())
-            ]
-            rank = np.empty(p.n, dtype=np.int64)
-            rank[p.order] = np.arange(p.n, dtype=np.int64)
-        _check_sources(p, sources, policy)
-        start, end, chosen = _simulate(p, model, rank, sources, source_cost)
-    return _with_schedule(plan, p, start, end, chosen)
+        run = _ours(p, model, solo)
+    return _with_schedule(plan, p, run)
 
 
 def makespan(scheduled: pa.Table) -> float:
@@ -262,14 +344,15 @@ def makespan(scheduled: pa.Table) -> float:
 
 
 def lower_bound(scheduled: pa.Table, model: CostModel) -> float:
-    """A makespan no schedule of this plan (with its ``source_node`` choices) can beat under ``model``.
+    """A makespan no schedule of this plan can beat under ``model``, whichever COPY sources it reads from among
+    each COPY's ``candidates`` and its ``source_node``.
 
-    The maximum of the per-node receive and send volumes over the bandwidth, the per-node slot work over
-    ``max_parallel_per_node`` and the per-partition chains of solo durations (module docstring, "Lower bound").
+    The largest term of :func:`lower_bound_terms` (module docstring, "Lower bound").
 
     Args:
-        scheduled: a plan as returned by :func:`schedule` (any plan with the columns ``group_name``,
-            ``partition_id``, ``action``, ``source_node``, ``target_node``, ``transfer`` and ``bytes`` will do).
+        scheduled: a plan as returned by :func:`schedule`; any plan with the columns ``group_name``,
+            ``partition_id``, ``step``, ``action``, ``source_node``, ``target_node``, ``transfer`` and ``bytes``
+            will do (``candidates`` is optional: without it a COPY may only read from its ``source_node``).
         model: the cost model.
 
     Returns:
@@ -278,6 +361,35 @@ def lower_bound(scheduled: pa.Table, model: CostModel) -> float:
     Raises:
         ScheduleInputError: columns are missing or rows break the input contract.
     """
+    return lower_bound_terms(scheduled, model).value
+
+
+@dataclass(frozen=True)
+class BoundTerms:
+    """The terms of the makespan lower bound in seconds (module docstring, "Lower bound"); each is a bound alone.
+
+    Attributes:
+        receive_s: (a) the bytes one node receives.
+        send_s: (b) the bytes a set of nodes must send (COPYs whose every possible source is in the set).
+        slots_s: (c) the solo step time a set of nodes must host in its slots.
+        pairs_s: (d) the two-node steps inside a set of nodes whose slot count is odd.
+        chain_s: (e) a partition's steps one after the other.
+    """
+
+    receive_s: float
+    send_s: float
+    slots_s: float
+    pairs_s: float
+    chain_s: float
+
+    @property
+    def value(self) -> float:
+        """The bound: the largest term."""
+        return max(self.receive_s, self.send_s, self.slots_s, self.pairs_s, self.chain_s)
+
+
+def lower_bound_terms(scheduled: pa.Table, model: CostModel) -> BoundTerms:
+    """Every term of :func:`lower_bound` (same arguments and errors); all 0.0 for an empty plan."""
     missing = [c for c in _LOWER_BOUND_COLUMNS if c not in scheduled.column_names]
     if missing:
         raise ScheduleInputError(
@@ -285,29 +397,149 @@ def lower_bound(scheduled: pa.Table, model: CostModel) -> float:
             f"got {scheduled.column_names}"
         )
     if scheduled.num_rows == 0:
-        return 0.0
-    cols = _cast_columns(scheduled, _LOWER_BOUND_COLUMNS)
+        return BoundTerms(0.0, 0.0, 0.0, 0.0, 0.0)
+    with_candidates = "candidates" in scheduled.column_names
+    cols = _cast_columns(scheduled, [*_LOWER_BOUND_COLUMNS, *(["candidates"] if with_candidates else [])])
+    n = scheduled.num_rows
     action = _actions(cols["action"])
     is_copy = action == _A_COPY
+    promote = action == _A_PROMOTE
     nbytes = np.where(is_copy, cols["bytes"].fill_null(0).to_numpy().astype(np.float64), 0.0)
-    stream = _streams(cols["transfer"], is_copy, model)
-    solo = model.overhead_s + np.divide(
-        nbytes, np.minimum(stream, model.node_bandwidth_bytes_per_s), out=np.zeros_like(nbytes), where=is_copy
-    )
-    nodes, (src, tgt) = _node_indices([cols["source_node"], cols["target_node"]])
+    bw, cap, overhead = model.node_bandwidth_bytes_per_s, model.max_parallel_per_node, model.overhead_s
+    rate = np.minimum(_streams(cols["transfer"], is_copy, model), bw)
+    solo = overhead + np.divide(nbytes, rate, out=np.zeros(n), where=is_copy)
+    node_columns = [cols["source_node"], cols["target_node"]]
+    if with_candidates:
+        node_columns.append(cols["candidates"].flatten())
+    nodes, (src, tgt, *flat) = _node_indices(node_columns)
     if (src < 0).any():
         raise ScheduleInputError("lower_bound: source_node must not be null")
-    nn = max(len(nodes), 1)
-    bw = model.node_bandwidth_bytes_per_s
-    received = np.bincount(tgt[is_copy], weights=nbytes[is_copy], minlength=nn) / bw
-    sent = np.bincount(src[is_copy], weights=nbytes[is_copy], minlength=nn) / bw
-    second = np.where((action != _A_DROP) & (tgt != src), tgt, -1)  # DROP touches its node only
-    slot_work = np.bincount(src, weights=solo, minlength=nn)
-    has_second = second >= 0
-    slot_work += np.bincount(second[has_second], weights=solo[has_second], minlength=nn)
+    if ((action != _A_DROP) & (tgt < 0)).any():
+        raise ScheduleInputError("lower_bound: target_node must not be null for a COPY or a PROMOTE")
+    nn = len(nodes)
     part = _partition_codes(cols["group_name"], cols["partition_id"])
+    head, tail, chains = _chain_offsets(part, cols["step"].fill_null(0).to_numpy().astype(np.int64), solo)
+
+    # Pools: the nodes a COPY may read from (candidates and source_node, never its target), as (row, node) pairs.
+    pool_row, pool_node = np.flatnonzero(is_copy), src[is_copy]
+    if flat:
+        lengths = pc.list_value_length(cols["candidates"]).fill_null(0).to_numpy(zero_copy_only=False)
+        cand_row = np.repeat(np.arange(n), lengths.astype(np.int64))
+        keep = is_copy[cand_row] & (flat[0] >= 0)
+        pool_row = np.concatenate([pool_row, cand_row[keep]])
+        pool_node = np.concatenate([pool_node, flat[0][keep]])
+    keep = pool_node != tgt[pool_row]
+    pairs = np.unique(pool_row[keep] * nn + pool_node[keep])
+    pool_row, pool_node = pairs // nn, pairs % nn
+    pool_len = np.bincount(pool_row, minlength=n)
+    if (is_copy & (pool_len == 0)).any():
+        rows = np.flatnonzero(is_copy & (pool_len == 0))[:5].tolist()
+        raise ScheduleInputError(f"lower_bound: a COPY needs a source other than its target, got none at rows {rows}")
+    forced = is_copy & (pool_len == 1)
+    flexible = is_copy & (pool_len > 1)
+    only = np.zeros(n, dtype=np.int64)
+    only[pool_row[forced[pool_row]]] = pool_node[forced[pool_row]]  # a forced COPY's one source
+
+    # (a), (b) for one node: bytes moved between the earliest a transfer can start and the latest it can end.
+    moving = is_copy & (nbytes > 0)
+    receive = _windowed(tgt[moving], nbytes[moving] / bw, head[moving] + overhead, tail[moving], nn)
+    sends = moving & forced
+    send = _windowed(only[sends], nbytes[sends] / bw, head[sends] + overhead, tail[sends], nn)
+
+    # (c) for one node. Slot incidences whatever the sources: a COPY's target and, when forced, its source; both
+    # nodes of a PROMOTE (one when they are the same); a DROP's node.
+    on_tgt = is_copy | (promote & (tgt != src))
+    on_src = ~is_copy | forced
+    inc_row = np.concatenate([np.flatnonzero(on_tgt), np.flatnonzero(on_src)])
+    inc_node = np.concatenate([tgt[on_tgt], np.where(forced, only, src)[on_src]])
+    slots = _windowed(inc_node, solo[inc_row] / cap, head[inc_row], tail[inc_row], nn)
+
+    # (b), (c), (d) for sets of nodes: the prefixes of the nodes ranked by load. A flexible COPY's source side is
+    # inside a prefix when its whole pool is.
+    pinned = np.bincount(inc_node, weights=solo[inc_row], minlength=nn)
+    share = np.bincount(pool_node, weights=(solo / np.maximum(pool_len, 1))[pool_row] * flexible[pool_row],
+                        minlength=nn)
+    forced_bytes = np.bincount(only[forced], weights=nbytes[forced], minlength=nn)
+    bytes_share = np.bincount(pool_node, weights=(nbytes / np.maximum(pool_len, 1))[pool_row] * flexible[pool_row],
+                              minlength=nn)
+    flex = np.flatnonzero(flexible)
+    two = np.flatnonzero((promote & (tgt != src)) | forced)
+    size = np.arange(1, nn + 1)
+    slots_sets = send_sets = pairs_s = 0.0
+    for key in (pinned, pinned + share):
+        rank, top = _prefix_ranks(key, pool_row, pool_node, n)
+        work = np.cumsum(np.bincount(rank[inc_node], weights=solo[inc_row], minlength=nn)
+                         + np.bincount(top[flex], weights=solo[flex], minlength=nn))
+        slots_sets = max(slots_sets, float((work / (cap * size)).max()))
+        if cap % 2:  # (d): with cap * k odd, at most (cap * k - 1) / 2 two-node steps inside k nodes at once
+            last = np.concatenate([np.maximum(rank[tgt[two]], rank[np.where(forced, only, src)[two]]),
+                                   np.maximum(rank[tgt[flex]], top[flex])])
+            inside = np.cumsum(np.bincount(last, weights=np.concatenate([solo[two], solo[flex]]), minlength=nn))
+            odd = (size % 2 == 1) & (size * cap > 1)
+            if odd.any():
+                pairs_s = max(pairs_s, float((inside[odd] / ((cap * size[odd] - 1) // 2)).max()))
+    if cap % 2:
+        # (d) with the nodes split into U (the j nodes with the most one-node step time) and S (the others),
+        # c * |S| odd: at most (c|S| - 1) / 2 steps run inside S and c|U| touch U, and every step but S's one-node
+        # steps is one or the other.
+        single_node = ~is_copy & ~(promote & (tgt != src))
+        single = np.sort(np.bincount(src[single_node], weights=solo[single_node], minlength=nn))[::-1]
+        outside = np.concatenate([[0.0], np.cumsum(single)[:-1]])  # one-node time in U_j, j = 0..nn-1
+        rest = nn - np.arange(nn)
+        odd = (cap * rest) % 2 == 1
+        room = (cap * rest - 1) // 2 + cap * (nn - rest)
+        odd &= room > 0
+        if odd.any():
+            numerator = solo.sum() - (single.sum() - outside[odd])
+            pairs_s = max(pairs_s, float((numerator / room[odd]).max()))
+    for key in (forced_bytes, forced_bytes + bytes_share):
+        rank, top = _prefix_ranks(key, pool_row, pool_node, n)
+        volume = np.cumsum(np.bincount(rank[only[forced]], weights=nbytes[forced], minlength=nn)
+                           + np.bincount(top[flex], weights=nbytes[flex], minlength=nn))
+        send_sets = max(send_sets, float((volume / (bw * size)).max()))
+    return BoundTerms(
+        receive_s=receive,
+        send_s=max(send, send_sets),
+        slots_s=max(slots, slots_sets),
+        pairs_s=pairs_s,
+        chain_s=float(chains.max()),
+    )
+
+
+def _chain_offsets(part: np.ndarray, step: np.ndarray, solo: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row, the solo time of the steps before it in its partition (head) and after it (tail); per partition,
+    the whole chain."""
+    order = np.lexsort((step, part))
+    before = np.cumsum(solo[order]) - solo[order]
+    starts = np.ones(len(order), dtype=bool)
+    starts[1:] = part[order][1:] != part[order][:-1]
+    head = np.empty(len(order))
+    head[order] = before - before[np.maximum.accumulate(np.where(starts, np.arange(len(order)), 0))]
     chains = np.bincount(part, weights=solo)
-    return float(max(received.max(), sent.max(), slot_work.max() / model.max_parallel_per_node, chains.max(), 0.0))
+    return head, chains[part] - head - solo, chains
+
+
+def _windowed(node: np.ndarray, amount: np.ndarray, head: np.ndarray, tail: np.ndarray, nn: int) -> float:
+    """The largest, over nodes, of the least head + the summed amount + the least tail of the node's rows."""
+    if not len(node):
+        return 0.0
+    total = np.bincount(node, weights=amount, minlength=nn)
+    first = np.full(nn, np.inf)
+    last = np.full(nn, np.inf)
+    np.minimum.at(first, node, head)
+    np.minimum.at(last, node, tail)
+    used = np.isfinite(first)
+    return float((first[used] + total[used] + last[used]).max())
+
+
+def _prefix_ranks(key: np.ndarray, pool_row: np.ndarray, pool_node: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
+    """Rank of every node by ``key`` descending (ties by index) and, per row, the largest rank in its pool (-1
+    without one): the row's pool lies in the prefix of the first k nodes when that rank is below k."""
+    rank = np.empty(len(key), dtype=np.int64)
+    rank[np.argsort(-key, kind="stable")] = np.arange(len(key))
+    top = np.full(n, -1, dtype=np.int64)
+    np.maximum.at(top, pool_row, rank[pool_node])
+    return rank, top
 
 
 # --- decoding -------------------------------------------------------------------------------------------------
@@ -413,25 +645,28 @@ def _decode(plan: pa.Table, names: list[str], model: CostModel) -> _Plan:
         raise ScheduleInputError(f"bytes: expected an integer >= 0 for every COPY, got null or negative at rows {rows}")
     stream = _streams(cols["transfer"], is_copy, model)
 
-    splits = np.concatenate([[0], np.cumsum(lengths)]).tolist()
-    flat_list = flat_idx.tolist()
-    candidates: list[tuple[int, ...]] = []
-    src_l, tgt_l = src.tolist(), tgt.tolist()
-    for i, copy in enumerate(is_copy.tolist()):
-        if not copy:
-            candidates.append(())
-            continue
-        got = sorted({c for c in flat_list[splits[i] : splits[i + 1]] if c >= 0})
-        if not got or src_l[i] not in got:
+    # Candidates of the COPYs as sorted distinct (row, node) keys; the pool leaves the target out.
+    nn = max(len(nodes), 1)
+    cand_row = np.repeat(np.arange(n, dtype=np.int64), lengths)
+    keep = is_copy[cand_row] & (flat_idx >= 0)
+    keys = np.unique(cand_row[keep] * nn + flat_idx[keep])
+    has_src = np.zeros(n, dtype=bool)
+    copies = np.flatnonzero(is_copy)
+    has_src[copies] = np.isin(copies * nn + src[copies], keys)
+    bad = np.flatnonzero(is_copy & (~has_src | (src == tgt)))
+    if len(bad):
+        i = int(bad[0])
+        if src[i] == tgt[i] and has_src[i]:
             raise ScheduleInputError(
-                f"row {i}: a COPY's candidates must be non-empty and contain source_node "
-                f"{nodes[src_l[i]]!r}; got {[nodes[c] for c in got]}"
+                f"row {i}: a COPY's source_node must differ from its target_node; got {nodes[src[i]]!r} for both"
             )
-        if src_l[i] == tgt_l[i]:
-            raise ScheduleInputError(
-                f"row {i}: a COPY's source_node must differ from its target_node; got {nodes[src_l[i]]!r} for both"
-            )
-        candidates.append(tuple(got))
+        got = [nodes[int(k % nn)] for k in keys[keys // nn == i]]
+        raise ScheduleInputError(
+            f"row {i}: a COPY's candidates must be non-empty and contain source_node {nodes[src[i]]!r}; got {got}"
+        )
+    keys = keys[keys % nn != tgt[keys // nn]]
+    pool_start = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys // nn, minlength=n), out=pool_start[1:])
 
     part = _partition_codes(cols["group_name"], cols["partition_id"])
     step = cols["step"].to_numpy().astype(np.int64)
@@ -461,7 +696,8 @@ def _decode(plan: pa.Table, names: list[str], model: CostModel) -> _Plan:
         src=src,
         tgt=tgt,
         primary=primary,
-        candidates=candidates,
+        pool_node=keys % nn,
+        pool_start=pool_start,
         nbytes=np.where(is_copy, np.maximum(nbytes_col, 0), 0).astype(np.float64),
         stream=stream,
         owners=cols["owners"].to_numpy().astype(np.int64),
@@ -478,176 +714,334 @@ def _solo_durations(p: _Plan, model: CostModel) -> np.ndarray:
     return model.overhead_s + moving
 
 
-def _check_sources(p: _Plan, sources: list[tuple[int, ...]], policy: str) -> None:
-    """Every COPY needs a source other than its target."""
-    for i, a in enumerate(p.action.tolist()):
-        if a == _A_COPY and not [s for s in sources[i] if s != p.tgt[i]]:
-            raise ScheduleInputError(
-                f"row {i}: policy {policy!r} has no usable source for the COPY to {p.nodes[p.tgt[i]]!r}: expected "
-                f"a supplier other than the target, got {[p.nodes[s] for s in sources[i]]}"
-            )
+# --- policies -------------------------------------------------------------------------------------------------
 
 
-def _ours_rank(p: _Plan, model: CostModel, sources: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
-    """Dispatch rank of every row under ``ours`` (0 = first; module docstring, rules (1)-(6)), and every node's
-    *pinned load*: the estimated durations of the steps that must touch it whatever the sources chosen."""
-    n, nn = p.n, len(p.nodes)
-    solo = _solo_durations(p, model)
+def _serial(p: _Plan, solo: np.ndarray) -> _Run:
+    """``serial``: one step after the other in ``(group_name, partition_id, step)`` order, each alone."""
+    ends = np.cumsum(solo[p.order])
+    start, end = np.empty(p.n), np.empty(p.n)
+    start[p.order], end[p.order] = np.concatenate([[0.0], ends[:-1]]), ends
+    return _Run(start.tolist(), end.tolist(), p.src.tolist(), float(ends[-1]) if p.n else 0.0)
+
+
+def _positions(p: _Plan) -> np.ndarray:
+    """Each row's position in ``(group_name, partition_id, step)`` order."""
+    position = np.empty(p.n, dtype=np.int64)
+    position[p.order] = np.arange(p.n, dtype=np.int64)
+    return position
+
+
+def _urgent(p: _Plan) -> np.ndarray:
+    """Rows of partitions that go first: under-replicated (``owners < replicas``) or with one owner."""
+    return (p.owners < p.replicas) | (p.owners <= 1)
+
+
+def _pool_rows(p: _Plan) -> np.ndarray:
+    """The row of every entry of ``pool_node``."""
+    return np.repeat(np.arange(p.n, dtype=np.int64), np.diff(p.pool_start))
+
+
+def _hazelcast_sources(p: _Plan) -> np.ndarray:
+    """The node each COPY reads from under ``hazelcast``: ``primary_node``, or ``source_node`` when null."""
+    return np.where(p.primary >= 0, p.primary, p.src)
+
+
+def _hazelcast(p: _Plan) -> _Candidate:
+    """``hazelcast``: first fit in ``(group_name, partition_id, step)`` order, every COPY from its primary."""
     is_copy = p.action == _A_COPY
-    is_drop = p.action == _A_DROP
-    load = np.zeros(nn)
-    # targets: a COPY's receiver, a PROMOTE's new primary (counted once when it is also the old one)
-    on_tgt = ~is_drop & ~((p.action == _A_PROMOTE) & (p.tgt == p.src))
-    load += np.bincount(p.tgt[on_tgt], weights=solo[on_tgt], minlength=nn)
-    not_copy = ~is_copy
-    load += np.bincount(p.src[not_copy], weights=solo[not_copy], minlength=nn)
-    pinned = load.copy()
-    lengths = np.array([len(s) for s in sources], dtype=np.int64)
-    flat = np.fromiter((c for s in sources for c in s), dtype=np.int64, count=int(lengths.sum()))
-    owner_row = np.repeat(np.arange(n), lengths)
-    if len(flat):
-        load += np.bincount(flat, weights=(solo / np.maximum(lengths, 1))[owner_row], minlength=nn)
+    source = _hazelcast_sources(p)
+    bad = np.flatnonzero(is_copy & (source == p.tgt))
+    if len(bad):
+        i = int(bad[0])
+        raise ScheduleInputError(
+            f"row {i}: policy 'hazelcast' has no usable source for the COPY to {p.nodes[p.tgt[i]]!r}: expected a "
+            f"supplier other than the target, got {[p.nodes[source[i]]]}"
+        )
+    pool_start = np.zeros(p.n + 1, dtype=np.int64)
+    np.cumsum(is_copy, out=pool_start[1:])
+    return _Candidate(rank=_positions(p), pool_node=source[is_copy], pool_start=pool_start)
 
-    bottleneck = load[p.src].copy()  # DROP
+
+def _ours(p: _Plan, model: CostModel, solo: np.ndarray) -> _Run:
+    """``ours``: the shortest of its candidate list schedules (module docstring, "Policies"), the first on a tie.
+
+    A candidate is abandoned as soon as it runs past the shortest makespan so far.
+    """
+    loads = _NodeLoads.of(p, model, solo)
+    best = _simulate(p, model, _Candidate(_slack_rank(p, loads), p.pool_node, p.pool_start, loads.pinned,
+                                          loads.limits), solo)
+    for cand in (_Candidate(_bottleneck_rank(p, loads, solo), p.pool_node, p.pool_start, loads.pinned), _ordered(p)):
+        run = _simulate(p, model, cand, solo, horizon=best.makespan)
+        if run.makespan < best.makespan:
+            best = run
+    return best
+
+
+def _ordered(p: _Plan) -> _Candidate:
+    """Urgent partitions first, then ``(group_name, partition_id, step)``; a COPY reads from ``hazelcast``'s source
+    when that is one of its candidates, else from its first open candidate; slots only."""
+    position = _positions(p)
+    rank = np.empty(p.n, dtype=np.int64)
+    rank[np.lexsort((position, ~_urgent(p)))] = np.arange(p.n, dtype=np.int64)
+    rows = _pool_rows(p)
+    source = _hazelcast_sources(p)
+    own = p.pool_node == source[rows]
+    has_own = np.bincount(rows[own], minlength=p.n) > 0
+    keep = own | ~has_own[rows]
+    pool_start = np.zeros(p.n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows[keep], minlength=p.n), out=pool_start[1:])
+    return _Candidate(rank=rank, pool_node=p.pool_node[keep], pool_start=pool_start)
+
+
+@dataclass(frozen=True)
+class _NodeLoads:
+    """What each node must do, whatever the sources (a COPY's source side split evenly over its pool).
+
+    ``rows`` / ``nodes`` / ``use``: every (row, node) incidence and the seconds of the node's dominant resource it
+    takes (``dominant``: 0 slots, 1 inbound bandwidth, 2 outbound bandwidth); ``pinned``: per node, the solo time
+    of the steps it must host (COPYs it receives, PROMOTEs and DROPs it takes part in); ``load``: per node,
+    seconds of its dominant resource; ``limits``: per node, direction-aware admission (:class:`_Candidate`).
+    """
+
+    rows: np.ndarray
+    nodes: np.ndarray
+    use: np.ndarray
+    pinned_count: int  # the first incidences are pinned; the rest are pool members
+    pinned: np.ndarray
+    load: np.ndarray
+    limits: np.ndarray
+
+    @classmethod
+    def of(cls, p: _Plan, model: CostModel, solo: np.ndarray) -> _NodeLoads:
+        """The loads of the nodes of ``p`` under ``model``, ``solo`` being each row's solo duration."""
+        nn = len(p.nodes)
+        cap, bw = model.max_parallel_per_node, model.node_bandwidth_bytes_per_s
+        is_copy = p.action == _A_COPY
+        on_tgt = np.flatnonzero(is_copy | ((p.action == _A_PROMOTE) & (p.tgt != p.src)))
+        on_src = np.flatnonzero(~is_copy)
+        pool_rows = _pool_rows(p)
+        share = 1.0 / np.diff(p.pool_start)[pool_rows]
+        rows = np.concatenate([on_tgt, on_src, pool_rows])
+        nodes = np.concatenate([p.tgt[on_tgt], p.src[on_src], p.pool_node])
+        weight = np.concatenate([np.ones(len(on_tgt) + len(on_src)), share])  # a pool member's share
+        slots = solo[rows] * weight / cap
+        pinned_count = len(on_tgt) + len(on_src)
+        inbound = np.concatenate([p.nbytes[on_tgt], np.zeros(len(on_src) + len(pool_rows))]) / bw  # 0 unless COPY
+        outbound = np.concatenate([np.zeros(pinned_count), p.nbytes[pool_rows] * share]) / bw
+        per_node = np.stack([np.bincount(nodes, weights=x, minlength=nn) for x in (slots, inbound, outbound)])
+        dominant = per_node.argmax(axis=0)
+        use = np.stack([slots, inbound, outbound])[dominant[nodes], np.arange(len(rows))]
+        pinned = np.bincount(nodes[:pinned_count], weights=solo[rows[:pinned_count]], minlength=nn)
+        two_way = (np.bincount(p.tgt[is_copy], minlength=nn) > 0) & (np.bincount(p.pool_node, minlength=nn) > 0)
+        slowest = float(p.stream[is_copy].min()) if is_copy.any() else bw
+        limits = np.where(two_way, np.where(dominant > 0, bw, bw - slowest + _RATE_TOLERANCE), np.inf)
+        return cls(rows, nodes, use, pinned_count, pinned.astype(np.float64), per_node.max(axis=0), limits)
+
+
+def _slack_rank(p: _Plan, loads: _NodeLoads) -> np.ndarray:
+    """Dispatch rank of ``ours``: urgent partitions first, then fewer owners, steps without a transfer before
+    COPYs, then the least slack, then ``(group_name, partition_id, step)`` (module docstring, "Policies")."""
+    position = _positions(p)
+    order = np.lexsort((position[loads.rows], loads.nodes))
+    before = np.cumsum(loads.use[order]) - loads.use[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = loads.nodes[order][1:] != loads.nodes[order][:-1]
+    before -= before[np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))]
+    latest = np.empty(len(order))
+    latest[order] = before - loads.load[loads.nodes[order]]  # latest start, up to the constant max(load)
+    slack = np.full(p.n, np.inf)
+    k = loads.pinned_count
+    np.minimum.at(slack, loads.rows[:k], latest[:k])
+    relaxed = np.full(p.n, -np.inf)
+    np.maximum.at(relaxed, loads.rows[k:], latest[k:])  # a COPY reads from the pool member it has most time on
+    slack = np.minimum(slack, np.where(np.isfinite(relaxed), relaxed, np.inf))
+    rank = np.empty(p.n, dtype=np.int64)
+    rank[np.lexsort((position, slack, p.action == _A_COPY, p.owners, ~_urgent(p)))] = np.arange(p.n, dtype=np.int64)
+    return rank
+
+
+def _bottleneck_rank(p: _Plan, loads: _NodeLoads, solo: np.ndarray) -> np.ndarray:
+    """Dispatch rank of the *previous* order (module docstring, "Policies"): urgent partitions first, then fewer
+    owners, steps without a transfer before COPYs, then the larger bottleneck load, then the longer solo time, then
+    ``(group_name, partition_id, step)``. A node's load is the solo time of its pinned steps plus an even share of
+    the COPYs it may send; a step's bottleneck load the largest over the nodes it touches, a COPY's source side
+    counted at its least loaded candidate."""
+    nn = len(p.nodes)
+    is_copy = p.action == _A_COPY
+    rows = _pool_rows(p)
+    load = loads.pinned + np.bincount(p.pool_node, weights=solo[rows] / np.diff(p.pool_start)[rows], minlength=nn)
+    least = np.full(p.n, np.inf)
+    np.minimum.at(least, rows, load[p.pool_node])
+    target = np.where(p.tgt >= 0, load[np.maximum(p.tgt, 0)], 0.0)
+    bottleneck = np.where(is_copy, np.maximum(target, least), load[p.src])
     promote = p.action == _A_PROMOTE
     bottleneck[promote] = np.maximum(load[p.src[promote]], load[p.tgt[promote]])
-    if is_copy.any():
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        least = np.minimum.reduceat(load[flat], starts[is_copy]) if len(flat) else np.zeros(0)
-        bottleneck[is_copy] = np.maximum(load[p.tgt[is_copy]], least)
-
-    urgent = (p.owners < p.replicas) | (p.owners <= 1)
-    position = np.empty(n, dtype=np.int64)
-    position[p.order] = np.arange(n, dtype=np.int64)
-    by_priority = np.lexsort((position, -solo, -bottleneck, is_copy.astype(np.int8), p.owners,
-                              (~urgent).astype(np.int8)))
-    rank = np.empty(n, dtype=np.int64)
-    rank[by_priority] = np.arange(n, dtype=np.int64)
-    return rank, pinned
+    rank = np.empty(p.n, dtype=np.int64)
+    order = np.lexsort((_positions(p), -solo, -bottleneck, is_copy, p.owners, ~_urgent(p)))
+    rank[order] = np.arange(p.n, dtype=np.int64)
+    return rank
 
 
-def _serial(p: _Plan, model: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``serial``: one step after the other in ``(group_name, partition_id, step)`` order, each alone."""
-    solo = _solo_durations(p, model)[p.order]
-    ends = np.cumsum(solo)
-    starts = np.concatenate([[0.0], ends[:-1]])
-    start, end = np.empty(p.n), np.empty(p.n)
-    start[p.order], end[p.order] = starts, ends
-    return start, end, p.src.copy()
+def _simulate(p: _Plan, model: CostModel, cand: _Candidate, solo: np.ndarray, horizon: float = math.inf) -> _Run:
+    """Greedy list scheduling of ``p`` under the fluid cost model (module docstring, "Implementation").
 
-
-def _simulate(
-    p: _Plan,
-    model: CostModel,
-    rank: np.ndarray,
-    sources: list[tuple[int, ...]],
-    source_cost: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Greedy list scheduling under the fluid cost model (``ours`` and ``hazelcast``).
+    At every instant the ready steps are offered free slots in ``cand.rank`` order and every one that fits starts.
 
     Args:
         p: the decoded plan.
         model: the cost model.
-        rank: dispatch priority of every row (a permutation of ``0..n-1``, 0 first).
-        sources: per row, the nodes a COPY may read from (ascending node index = ascending ``node_id``); a COPY
-            reads from the one with a free slot that has the least work (``source_cost``, when given), then the
-            fewest running COPYs sending from it, then the fewest bytes assigned, then the lowest index.
-        source_cost: per node, the work already bound to it (``ours``: its pinned load); a COPY that reads from
-            a node adds its estimated duration to it, so the sources balance every node's total work.
+        cand: order, sources and admission (:class:`_Candidate`).
+        solo: each row's solo duration (what a COPY adds to its source's work).
+        horizon: give up, with an infinite makespan, once the simulated time passes this.
 
     Returns:
-        Start times, end times and the node index each row reads from (``source_node`` for PROMOTE and DROP).
+        Start, end and source of every row (``source_node`` for PROMOTE and DROP), and the makespan.
     """
     n, nn = p.n, len(p.nodes)
-    chosen = p.src.copy()
+    chosen = p.src.tolist()
+    start = [0.0] * n
+    end = [0.0] * n
     if n == 0:
-        return np.zeros(0), np.zeros(0), chosen
+        return _Run(start, end, chosen, 0.0)
     cap = model.max_parallel_per_node
     bw = model.node_bandwidth_bytes_per_s
     overhead = model.overhead_s
-
+    streams = (model.entry_stream_bytes_per_s, model.file_stream_bytes_per_s)
     action = p.action.tolist()
     tgt = p.tgt.tolist()
     src = p.src.tolist()
     nxt = p.nxt.tolist()
-    rank_l = rank.tolist()
+    rank = cand.rank.tolist()
+    pool_node = cand.pool_node.tolist()
+    pool_start = cand.pool_start.tolist()
     nbytes = p.nbytes.tolist()
-    touched: list[tuple[int, ...]] = [
-        () if a == _A_COPY else ((s,) if a == _A_DROP or g == s else (s, g))
-        for a, s, g in zip(action, src, tgt, strict=True)
-    ]
-    chosen_l = src[:]
+    stream = p.stream.tolist()
+    kind_of = (p.stream != streams[0]).astype(np.int8).tolist()  # 0: entries, 1: files (when the rates differ)
+    solo_l = solo.tolist()
+    balanced = cand.work is not None
+    work = cand.work.tolist() if cand.work is not None else []
+    limit = cand.limits.tolist() if cand.limits is not None else [math.inf] * nn
+    lookahead = cand.limits is not None
 
     busy = [0] * nn  # running steps touching the node
-    sending = [0] * nn  # running COPYs reading from the node (overhead phase included)
-    assigned = [0.0] * nn  # bytes assigned to the node as a sender so far
-    work = source_cost.tolist() if source_cost is not None else [0.0] * nn  # work bound to the node so far
-    solo_l = _solo_durations(p, model).tolist()
-    n_out = np.zeros(nn, dtype=np.int64)  # transfers in their transfer phase per sender
-    n_in = np.zeros(nn, dtype=np.int64)  # ... per receiver
-    out_set: list[set[int]] = [set() for _ in range(nn)]
-    in_set: list[set[int]] = [set() for _ in range(nn)]
-    sender = np.zeros(n, dtype=np.int64)
-    receiver = p.tgt
-    stream = p.stream
-    remaining = np.zeros(n)
-    rate = np.zeros(n)
-    since = np.zeros(n)
-    version = [0] * n
-    start = [0.0] * n
-    end = [0.0] * n
-
-    events: list[tuple[float, int, int, int]] = []  # (time, 0 overhead end | 1 transfer end, row, version)
-    # Blocked ready steps wait in one heap per node pair {u, w} they would touch (u == w for a one-node step), as
-    # (rank, row, epoch); a COPY waits in the pair of its target with each candidate. A pair can only hold steps
-    # while u or w is full, so when a node frees a slot only its pairs with a partner that is not full are looked at.
+    c_in = [0.0] * nn  # committed stream rate of the COPYs into the node (direction-aware admission) ...
+    c_out = [0.0] * nn
+    k_in = [0] * nn  # ... and their count: a direction with none committed always admits one
+    k_out = [0] * nn
+    sending = [0] * nn  # running COPYs reading from the node
+    assigned = [0.0] * nn  # bytes the node was picked to send so far
+    n_in = [0] * nn  # transfers in their transfer phase into the node
+    n_out = [0] * nn
+    into: tuple[list[set[int]], ...] = ([set() for _ in range(nn)], [set() for _ in range(nn)])  # by stream kind
+    out_of: tuple[list[set[int]], ...] = ([set() for _ in range(nn)], [set() for _ in range(nn)])
+    left = [0.0] * n  # bytes left at `since`
+    rate = [0.0] * n
+    since = [0.0] * n
+    version = [0] * n  # bumped when a transfer's end moves: older events are void
+    epoch = [0] * n  # bumped when a row starts or waits again: older waiting entries are void
+    committed = [False] * n  # counted in c_in / c_out
+    open_slot = set(range(nn))  # nodes with a free slot
+    open_in = set(range(nn))  # ... whose inbound direction admits a COPY
+    open_out = set(range(nn))
+    # Blocked ready steps wait in one heap per pair of nodes as (rank, row, epoch): a COPY in (source, target)
+    # for every source it may read from (key (s * nn + t) * 2), a PROMOTE or a DROP in its unordered pair of nodes
+    # (key (u * nn + w) * 2 + 1, u <= w). A pair only holds steps while one of its nodes is closed, so when a node
+    # opens, only its pairs with an open partner are looked at.
     waiting: dict[int, list[tuple[int, int, int]]] = {}
-    partners: list[set[int]] = [set() for _ in range(nn)]
-    epoch = [0] * n  # bumped when a row starts: its other waiting entries are void
+    senders_to: list[set[int]] = [set() for _ in range(nn)]  # s with a waiting pair (s, t), per t
+    receivers_of: list[set[int]] = [set() for _ in range(nn)]
+    slot_partners: list[set[int]] = [set() for _ in range(nn)]
+    events: list[tuple[float, int, int, int]] = []  # (time, 0 overhead end | 1 transfer end | 2 release, row, version)
     push, pop = heapq.heappush, heapq.heappop
 
-    def wait(i: int, pairs: list[tuple[int, int]]) -> None:
-        entry = (rank_l[i], i, epoch[i])
-        for u, w in pairs:
-            key = u * nn + w if u <= w else w * nn + u
-            heap = waiting.get(key)
-            if heap is None:
-                waiting[key] = [entry]
-                partners[u].add(w)
-                partners[w].add(u)
-            else:
-                push(heap, entry)
+    def refresh(v: int) -> None:
+        if busy[v] < cap:
+            open_slot.add(v)
+            (open_in.add if not k_in[v] or c_in[v] < limit[v] else open_in.discard)(v)
+            (open_out.add if not k_out[v] or c_out[v] < limit[v] else open_out.discard)(v)
+        else:
+            open_slot.discard(v)
+            open_in.discard(v)
+            open_out.discard(v)
 
-    def try_start(i: int, t: float) -> bool:
+    def wait(i: int) -> None:
+        epoch[i] += 1
+        entry = (rank[i], i, epoch[i])
         if action[i] == _A_COPY:
             g = tgt[i]
-            best, best_key = -1, (0.0, 0, 0.0)
-            for c in sources[i]:
-                if busy[c] < cap:
-                    key = (work[c], sending[c], assigned[c])
-                    if best < 0 or key < best_key:
-                        best, best_key = c, key
-            if best < 0 or busy[g] >= cap:
-                wait(i, [(c, g) for c in sources[i]])
-                return False
+            for c in pool_node[pool_start[i] : pool_start[i + 1]]:
+                key = (c * nn + g) << 1
+                heap = waiting.get(key)
+                if heap is None:
+                    waiting[key] = [entry]
+                    receivers_of[c].add(g)
+                    senders_to[g].add(c)
+                else:
+                    push(heap, entry)
+            return
+        u = src[i]
+        w = tgt[i] if action[i] == _A_PROMOTE else u
+        if w < u:
+            u, w = w, u
+        key = ((u * nn + w) << 1) | 1
+        heap = waiting.get(key)
+        if heap is None:
+            waiting[key] = [entry]
+            slot_partners[u].add(w)
+            slot_partners[w].add(u)
+        else:
+            push(heap, entry)
+
+    def try_start(i: int, t: float) -> None:
+        if action[i] == _A_COPY:
+            g = tgt[i]
+            best = -1
+            if g in open_in:
+                best_key = (0.0, 0, 0.0)
+                for c in pool_node[pool_start[i] : pool_start[i + 1]]:
+                    if c in open_out:
+                        if not balanced:
+                            best = c
+                            break
+                        key = (work[c], sending[c], assigned[c])
+                        if best < 0 or key < best_key:
+                            best, best_key = c, key
+            if best < 0:
+                wait(i)
+                return
+            s_i = stream[i]
             busy[g] += 1
             busy[best] += 1
+            c_in[g] += s_i
+            c_out[best] += s_i
+            k_in[g] += 1
+            k_out[best] += 1
+            committed[i] = True
             sending[best] += 1
             assigned[best] += nbytes[i]
-            work[best] += solo_l[i]
-            chosen_l[i] = best
+            if balanced:
+                work[best] += solo_l[i]
+            chosen[i] = best
+            refresh(g)
+            refresh(best)
         else:
-            nodes = touched[i]
-            for v in nodes:
-                if busy[v] >= cap:
-                    wait(i, [(nodes[0], nodes[-1])])
-                    return False
-            for v in nodes:
-                busy[v] += 1
+            u = src[i]
+            w = tgt[i]
+            if action[i] == _A_PROMOTE and w != u:
+                if u not in open_slot or w not in open_slot:
+                    wait(i)
+                    return
+                busy[w] += 1
+                refresh(w)
+            elif u not in open_slot:
+                wait(i)
+                return
+            busy[u] += 1
+            refresh(u)
         epoch[i] += 1
         start[i] = t
         push(events, (t + overhead, 0, i, 0))
-        return True
 
     def head(key: int) -> int:
         """Rank of the first live entry of a pair's heap; drops the pair (-1) when it holds none."""
@@ -657,27 +1051,42 @@ def _simulate(
         if heap:
             return heap[0][0]
         del waiting[key]
-        u, w = divmod(key, nn)
-        partners[u].discard(w)
-        partners[w].discard(u)
+        u, w = divmod(key >> 1, nn)
+        if key & 1:
+            slot_partners[u].discard(w)
+            slot_partners[w].discard(u)
+        else:
+            receivers_of[u].discard(w)
+            senders_to[w].discard(u)
         return -1
 
+    def is_open(key: int) -> bool:
+        u, w = divmod(key >> 1, nn)
+        if key & 1:
+            return u in open_slot and w in open_slot
+        return u in open_out and w in open_in
+
     def dispatch(t: float, freed: set[int], ready: list[int]) -> None:
-        fresh = [(rank_l[i], i) for i in ready]
-        heapq.heapify(fresh)
-        frontier: list[tuple[int, int]] = [(fresh[0][0], -1)] if fresh else []
-        seen: set[int] = set()
+        keys: set[int] = set()
         for v in freed:
-            if busy[v] >= cap:
+            if v not in open_slot:
                 continue
-            for w in list(partners[v]):
-                if busy[w] < cap:
-                    key = v * nn + w if v <= w else w * nn + v
-                    if key not in seen:
-                        seen.add(key)
-                        r = head(key)
-                        if r >= 0:
-                            frontier.append((r, key))
+            if v in open_out and receivers_of[v]:
+                keys.update(((v * nn + w) << 1) for w in receivers_of[v] & open_in)
+            if v in open_in and senders_to[v]:
+                keys.update(((u * nn + v) << 1) for u in senders_to[v] & open_out)
+            if slot_partners[v]:
+                keys.update(((min(v, w) * nn + max(v, w)) << 1) | 1 for w in slot_partners[v] & open_slot)
+        if not keys:  # nothing waits where a slot opened: the ready steps in rank order
+            ready.sort(key=rank.__getitem__)
+            for i in ready:
+                try_start(i, t)
+            return
+        frontier = [(r, key) for key in keys if (r := head(key)) >= 0]
+        fresh = [(rank[i], i) for i in ready]
+        heapq.heapify(fresh)
+        if fresh:
+            frontier.append((fresh[0][0], -1))
         heapq.heapify(frontier)
         while frontier:
             r, key = pop(frontier)
@@ -686,105 +1095,149 @@ def _simulate(
                 if fresh:
                     push(frontier, (fresh[0][0], -1))
                 continue
-            u, w = divmod(key, nn)
-            if busy[u] >= cap or busy[w] >= cap or key not in waiting:
-                continue  # a node of the pair is full again: none of its steps fits now
+            if key not in waiting or not is_open(key):
+                continue  # a node of the pair closed again: none of its steps fits now
             r2 = head(key)
-            if r2 < 0:
-                continue
             if r2 != r:
-                push(frontier, (r2, key))
-                continue
-            started = try_start(pop(waiting[key])[1], t)
-            assert started, "a waiting step whose nodes are not full must fit"
-            if busy[u] < cap and busy[w] < cap:
-                r2 = head(key)
                 if r2 >= 0:
                     push(frontier, (r2, key))
+                continue
+            try_start(pop(waiting[key])[1], t)  # both nodes open: it starts
+            if key in waiting and is_open(key) and (r2 := head(key)) >= 0:
+                push(frontier, (r2, key))
+
+    def release(j: int, freed: set[int]) -> None:
+        """j's transfer ends within overhead_s: it stops counting against its directions (lookahead)."""
+        committed[j] = False
+        g, s = tgt[j], chosen[j]
+        c_in[g] -= stream[j]
+        c_out[s] -= stream[j]
+        k_in[g] -= 1
+        k_out[s] -= 1
+        refresh(g)
+        refresh(s)
+        freed.add(g)
+        freed.add(s)
+
+    def retime(j: int, t: float, new: float, freed: set[int]) -> None:
+        """Settle j's progress at t and go on at rate ``new``."""
+        old = rate[j]
+        if new == old:
+            return
+        rest = max(left[j] - old * (t - since[j]), 0.0)
+        left[j] = rest
+        since[j] = t
+        rate[j] = new
+        version[j] += 1
+        finish = t + rest / new
+        push(events, (finish, 1, j, version[j]))
+        if lookahead and committed[j]:
+            if finish - overhead <= t:
+                release(j, freed)
+            else:
+                push(events, (finish - overhead, 2, j, version[j]))
+
+    def reshare(v: int, count: int, outward: bool, t: float, freed: set[int]) -> None:
+        """The transfer count of a direction of v changed, from or to ``count`` (the larger): re-rate its transfers
+        of every stream kind faster than ``bw / count`` (the others run at their stream rate either way)."""
+        share = bw / count
+        sets = out_of if outward else into
+        for kind in (0, 1):
+            if streams[kind] > share:
+                for j in sets[kind][v]:
+                    a, b = n_out[chosen[j]], n_in[tgt[j]]
+                    retime(j, t, min(stream[j], bw / (a if a > b else b)), freed)
 
     is_first = np.ones(n, dtype=bool)
     is_first[p.nxt[p.nxt >= 0]] = False
     dispatch(0.0, set(), np.flatnonzero(is_first).tolist())
-
+    last = 0.0
     while events:
         t, kind, i, ver = pop(events)
         if kind and ver != version[i]:
             continue
+        if t > horizon:
+            return _Run(start, end, chosen, math.inf)
         batch = [(kind, i)]
-        limit = t + _EVENT_EPS
-        while events and events[0][0] <= limit:
+        instant = t + _EVENT_EPS
+        while events and events[0][0] <= instant:
             _, kind, i, ver = pop(events)
-            if kind and ver != version[i]:
-                continue
-            batch.append((kind, i))
+            if not kind or ver == version[i]:
+                batch.append((kind, i))
         freed: set[int] = set()
         ready: list[int] = []
-        senders: set[int] = set()
-        receivers: set[int] = set()
+        changed: list[tuple[int, int, bool]] = []  # (node, larger count, outward)
+        entering: list[int] = []
         for kind, i in batch:
-            if kind == 0 and action[i] == _A_COPY and nbytes[i] > 0:
-                s, g = chosen_l[i], tgt[i]  # overhead over: the transfer starts
-                sender[i] = s
-                n_out[s] += 1
-                n_in[g] += 1
-                out_set[s].add(i)
-                in_set[g].add(i)
-                remaining[i] = nbytes[i]
-                rate[i] = 0.0
-                since[i] = t
-                senders.add(s)
-                receivers.add(g)
+            if kind == 2:
+                if committed[i]:
+                    release(i, freed)
                 continue
-            if kind == 1:  # transfer over
-                s, g = chosen_l[i], tgt[i]
+            a = action[i]
+            if a == _A_COPY and (kind == 1 or nbytes[i] > 0):
+                s, g, k = chosen[i], tgt[i], kind_of[i]
+                if kind == 0:  # overhead over: the transfer starts
+                    n_out[s] += 1
+                    n_in[g] += 1
+                    out_of[k][s].add(i)
+                    into[k][g].add(i)
+                    left[i] = nbytes[i]
+                    since[i] = t
+                    rate[i] = 0.0
+                    changed.append((s, n_out[s], True))
+                    changed.append((g, n_in[g], False))
+                    entering.append(i)
+                    continue
+                changed.append((s, n_out[s], True))  # transfer over
+                changed.append((g, n_in[g], False))
                 n_out[s] -= 1
                 n_in[g] -= 1
-                out_set[s].discard(i)
-                in_set[g].discard(i)
+                out_of[k][s].discard(i)
+                into[k][g].discard(i)
                 version[i] += 1
-                senders.add(s)
-                receivers.add(g)
             end[i] = t
-            if action[i] == _A_COPY:
-                s, g = chosen_l[i], tgt[i]
+            last = t
+            if a == _A_COPY:
+                s, g = chosen[i], tgt[i]
                 busy[s] -= 1
                 busy[g] -= 1
                 sending[s] -= 1
+                if committed[i]:
+                    committed[i] = False
+                    c_in[g] -= stream[i]
+                    c_out[s] -= stream[i]
+                    k_in[g] -= 1
+                    k_out[s] -= 1
+                refresh(s)
+                refresh(g)
                 freed.add(s)
                 freed.add(g)
             else:
-                for v in touched[i]:
-                    busy[v] -= 1
-                    freed.add(v)
+                u, w = src[i], tgt[i]
+                busy[u] -= 1
+                refresh(u)
+                freed.add(u)
+                if a == _A_PROMOTE and w != u:
+                    busy[w] -= 1
+                    refresh(w)
+                    freed.add(w)
             if nxt[i] >= 0:
                 ready.append(nxt[i])
-        if senders or receivers:
-            affected: set[int] = set()
-            for s in senders:
-                affected |= out_set[s]
-            for g in receivers:
-                affected |= in_set[g]
-            if affected:
-                ids = np.fromiter(affected, dtype=np.int64, count=len(affected))
-                new = np.minimum(stream[ids], bw / np.maximum(n_out[sender[ids]], n_in[receiver[ids]]))
-                old = rate[ids]
-                changed = new != old
-                if changed.any():
-                    ids, new, old = ids[changed], new[changed], old[changed]
-                    left = np.maximum(remaining[ids] - old * (t - since[ids]), 0.0)
-                    remaining[ids] = left
-                    since[ids] = t
-                    rate[ids] = new
-                    for j, f in zip(ids.tolist(), (t + left / new).tolist(), strict=True):
-                        version[j] += 1
-                        push(events, (f, 1, j, version[j]))
+        for v, count, outward in changed:
+            reshare(v, count, outward, t, freed)
+        for i in entering:
+            if rate[i] == 0.0:  # no reshare rated it: it runs at its stream rate
+                a, b = n_out[chosen[i]], n_in[tgt[i]]
+                retime(i, t, min(stream[i], bw / (a if a > b else b)), freed)
         dispatch(t, freed, ready)
+    if waiting and any(head(key) >= 0 for key in list(waiting)):
+        raise RuntimeError("scheduler bug: steps were left waiting with no step running")
+    return _Run(start, end, chosen, last)
 
-    return np.asarray(start), np.asarray(end), np.asarray(chosen_l, dtype=np.int64)
 
-
-def _with_schedule(plan: pa.Table, p: _Plan, start: np.ndarray, end: np.ndarray, chosen: np.ndarray) -> pa.Table:
+def _with_schedule(plan: pa.Table, p: _Plan, run: _Run) -> pa.Table:
     """``plan`` with the chosen sources, waves and times (columns replaced in place or appended)."""
+    start = np.asarray(run.start, dtype=np.float64)
     if p.n:
         _, dense = np.unique(np.round(start, _WAVE_DECIMALS), return_inverse=True)
         wave = np.asarray(dense, dtype=np.int64).reshape(-1) + 1
@@ -792,12 +1245,13 @@ def _with_schedule(plan: pa.Table, p: _Plan, start: np.ndarray, end: np.ndarray,
         wave = np.zeros(0, dtype=np.int64)
     source_field = plan.schema.field("source_node")
     node_ids = pa.array(p.nodes, type=pa.string())
-    sources = pc.take(node_ids, pa.array(chosen, type=pa.int64())) if p.n else pa.array([], type=pa.string())
+    chosen = pa.array(np.asarray(run.chosen, dtype=np.int64), type=pa.int64())
+    sources = pc.take(node_ids, chosen) if p.n else pa.array([], type=pa.string())
     out = plan.set_column(plan.schema.get_field_index("source_node"), source_field, sources.cast(source_field.type))
     values = {
         "wave": pa.array(wave.astype(np.int32), type=pa.int32()),
-        "est_start_s": pa.array(np.asarray(start, dtype=np.float64), type=pa.float64()),
-        "est_end_s": pa.array(np.asarray(end, dtype=np.float64), type=pa.float64()),
+        "est_start_s": pa.array(start, type=pa.float64()),
+        "est_end_s": pa.array(np.asarray(run.end, dtype=np.float64), type=pa.float64()),
     }
     for f in _SCHEDULE_FIELDS:
         idx = out.schema.get_field_index(f.name)

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TypeVar
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -58,7 +59,9 @@ from rebalancer.storage.errors import (
 )
 
 __all__ = [
+    "COMMIT_COLUMN",
     "ENGINES",
+    "TableChanges",
     "TABLE_PROPERTIES",
     "Warehouse",
     "WhereValue",
@@ -89,6 +92,25 @@ TABLE_PROPERTIES: dict[str, str] = {
 }
 
 WhereValue = bool | int | float | str | dt.datetime | dt.date | None
+
+#: The column :meth:`Warehouse.changes` adds to every new row: the Delta version of the commit that added it.
+COMMIT_COLUMN = "__rebalancer_commit"
+
+
+class TableChanges:
+    """The rows a table gained after a Delta version (:meth:`Warehouse.changes`).
+
+    Attributes:
+        rows: the new rows, every stored column plus :data:`COMMIT_COLUMN` (bigint): the version of the commit that
+            added each row (rows of one commit share it; a table rewritten in place is one commit, its latest).
+        version: the table's latest Delta version, the one the rows were read at.
+        known_empty: the engine knows without a Spark job that there are no new rows.
+    """
+
+    def __init__(self, rows: DataFrame, version: int, known_empty: bool = False) -> None:
+        self.rows = rows
+        self.version = version
+        self.known_empty = known_empty
 
 T = TypeVar("T")
 
@@ -618,8 +640,10 @@ class Warehouse(abc.ABC):
 
     # ---- reads ----
     @abc.abstractmethod
-    def read(self, name: str, version: int | None = None) -> DataFrame:
-        """Table ``name`` at ``version`` (time travel) or at its latest version.
+    def read(
+        self, name: str, version: int | None = None, where: Mapping[str, WhereValue] | None = None
+    ) -> DataFrame:
+        """Table ``name`` at ``version`` (time travel) or at its latest version, optionally only rows of ``where``.
 
         Contract tables come back with exactly their declared columns and types (extra stored columns dropped,
         losslessly narrower stored types widened); other tables as stored. An empty table gives an empty DataFrame
@@ -628,6 +652,8 @@ class Warehouse(abc.ABC):
         Args:
             name: a table name.
             version: a Delta version; ``None`` for the latest.
+            where: column name to value (``None`` matches nulls): only matching rows; engines skip the data files
+                whose statistics rule them out (one topology version of a versioned table is a few files).
 
         Returns:
             A lazy DataFrame.
@@ -653,6 +679,92 @@ class Warehouse(abc.ABC):
             TableNotFoundError: the table does not exist.
             UnsupportedTableError: the table uses a feature this engine cannot read correctly.
         """
+
+    def read_arrow(
+        self, name: str, where: Mapping[str, WhereValue] | None = None, version: int | None = None
+    ) -> pa.Table:
+        """A small table (or the ``where`` rows of one) on the driver, as Arrow: for per-node and per-group data.
+
+        Same columns and types as :meth:`read`. The delta-rs engine reads the files directly (no Spark job).
+
+        Raises:
+            TableNotFoundError: the table does not exist.
+        """
+        return self.read(name, version=version, where=where).toArrow()
+
+    def changes(self, name: str, since: int | None) -> TableChanges:
+        """The rows committed to ``name`` after Delta version ``since`` (every row when ``since`` is None).
+
+        For append-only tables (inputs written by collectors) this reads only the files added since; a table
+        rewritten in place instead gives the rows now present that were not present at ``since`` (by content, as a
+        multiset), all marked with the latest version. Tables with map columns support only ``since`` None.
+
+        Raises:
+            TableNotFoundError: the table does not exist.
+        """
+        now = self.table_version(name)
+        current = self.read_raw(name)
+        if since is None:
+            rows = current
+        elif since >= now:
+            return TableChanges(current.limit(0).withColumn(COMMIT_COLUMN, F.lit(now).cast("bigint")), now, True)
+        else:
+            declared = tables.SCHEMAS.get(name)
+            before = self.read(name, version=since)
+            rows = (current.select(*declared.names) if declared else current).exceptAll(before)
+        return TableChanges(rows.withColumn(COMMIT_COLUMN, F.lit(now).cast("bigint")), now)
+
+    def changes_arrow(
+        self, name: str, since: int | None, max_rows: int | None = None
+    ) -> tuple[pa.Table | None, int]:
+        """:meth:`changes` of a small table, on the driver: the new rows as stored (every stored column, stored
+        types) plus :data:`COMMIT_COLUMN`, and the table's latest version. The delta-rs engine needs no Spark job.
+
+        Args:
+            name: a table name.
+            since: as for :meth:`changes`.
+            max_rows: give up (return None for the rows) when there are more new rows than this.
+        """
+        found = self.changes(name, since)
+        if max_rows is not None and found.rows.limit(max_rows + 1).count() > max_rows:
+            return None, found.version
+        return found.rows.toArrow(), found.version
+
+    def replace_where_many(
+        self,
+        frames: Mapping[str, DataFrame],
+        where: Mapping[str, WhereValue],
+        committed: Callable[[str], None] | None = None,
+        rows_hint: int | None = None,
+    ) -> None:
+        """:meth:`replace_where` of several tables with one ``where``: one commit per table, in ``frames`` order.
+
+        Engines may compute every table's data files in one Spark job before the first commit (delta-rs does for
+        small writes); ``committed`` is called with each table's name right after its commit. ``rows_hint``: about
+        how many rows the frames hold in all (None: unknown), for engines that choose their write path by size.
+        """
+        for name, df in frames.items():
+            self.replace_where(name, df, where)
+            if committed is not None:
+                committed(name)
+
+    # ---- writes from the driver (small tables: per node, per group, one exchange) ----
+    def append_arrow(self, name: str, rows: pa.Table) -> None:
+        """:meth:`append` for rows already on the driver (the delta-rs engine writes them without a Spark job)."""
+        if rows.num_rows:
+            self.append(name, self.spark.createDataFrame(rows))
+
+    def replace_where_arrow(self, name: str, rows: pa.Table, where: Mapping[str, WhereValue]) -> None:
+        """:meth:`replace_where` for rows already on the driver."""
+        self.replace_where(name, self.spark.createDataFrame(rows, schema=tables.SCHEMAS[name]), where)
+
+    def insert_absent_arrow(self, name: str, rows: pa.Table, keys: Sequence[str]) -> None:
+        """Insert the rows whose ``keys`` are not in the table yet, in one commit (an insert-only :meth:`merge`).
+
+        Two concurrent calls inserting the same key insert it once: the loser's commit conflicts, and its retry
+        finds the key present.
+        """
+        self.merge(name, self.spark.createDataFrame(rows, schema=tables.SCHEMAS[name]), keys, insert_only=True)
 
     # ---- writes ----
     @abc.abstractmethod

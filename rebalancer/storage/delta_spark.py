@@ -273,8 +273,12 @@ class DeltaSparkWarehouse(Warehouse):
                 ) from exc
             raise
 
-    def read(self, name: str, version: int | None = None) -> DataFrame:
+    def read(
+        self, name: str, version: int | None = None, where: Mapping[str, WhereValue] | None = None
+    ) -> DataFrame:
         raw = self._load(name, version)
+        if where:  # Delta skips files by their statistics itself
+            raw = raw.where(where_predicate(where, raw.schema, name))
         return project_declared(raw, tables.SCHEMAS[name], name) if name in tables.SCHEMAS else raw
 
     def read_raw(self, name: str) -> DataFrame:

@@ -3,7 +3,7 @@
 The planner's rows are data; the twin is the only thing that "executes" them (``rebalancer simulate``). One
 *round* works on the latest committed version:
 
-1. Pending events first: :func:`~rebalancer.exchange.job.run_exchange` runs (it commits nothing when no event is
+1. Pending events first: :func:`~rebalancer.pipeline.run_exchange` runs (it commits nothing when no event is
    pending and no switch is due), so the plan executed is always the newest one.
 2. The executable steps of the plan: every step of a partition before its ``PROMOTE``. A PROMOTE is the primary
    switch, which Ignite performs for all partitions at once in the ``LATE_AFFINITY_SWITCH`` exchange; the twin
@@ -34,24 +34,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession, Window
-from pyspark.sql import functions as F
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from rebalancer.config import Settings
-from rebalancer.exchange.fullmap import COPY_KEY, OWNING, PARTITION_KEY
-from rebalancer.exchange.job import ExchangeSummary, current_map, run_exchange
-from rebalancer.frames import at_version, scalar
-from rebalancer.operations import append_event, latest_committed_version
+from rebalancer.inputs import Committed, last_committed
+from rebalancer.pipeline import ExchangeSummary, run_exchange
+from rebalancer.producers import append_event
 from rebalancer.storage import Warehouse
 from rebalancer.tables import PARTITION_REPORTS
+from rebalancer.vocabulary import COPY, DROP, EVICTED, MOVING, OWNING, PROMOTE
 
 __all__ = [
     "Stability", "TwinError", "TwinResult", "TwinRound", "executable_steps", "not_yet_applied", "reports_for",
     "simulate", "stability",
 ]
 
-COPY, PROMOTE, DROP = "COPY", "PROMOTE", "DROP"
 
 
 class TwinError(RuntimeError):
@@ -96,121 +97,151 @@ class TwinResult:
     stability: Stability | None = None
 
 
-def executable_steps(plan_df: DataFrame, before_wave: int | None = None) -> DataFrame:
-    """The steps of ``plan_df`` the twin runs now: each partition's steps before its first PROMOTE.
+Copy = tuple[str, int, str]  # (group_name, partition_id, node_id)
+
+
+def executable_steps(plan: list[dict[str, Any]], before_wave: int | None = None) -> list[dict[str, Any]]:
+    """The steps of one version's plan the twin runs now: each partition's steps before its first PROMOTE.
 
     Args:
-        plan_df: one version's ``migration_plan`` (version columns optional).
+        plan: one version's ``migration_plan`` rows.
         before_wave: keep only steps of waves ``< before_wave`` (None: all).
     """
-    part = list(PARTITION_KEY)
-    promote_df = plan_df.where(F.col("action") == PROMOTE).groupBy(*part).agg(F.min("step").alias("_promote_step"))
-    steps_df = plan_df.join(promote_df, part, "left").where(
-        F.col("_promote_step").isNull() | (F.col("step") < F.col("_promote_step"))
-    )
-    if before_wave is not None:
-        steps_df = steps_df.where(F.col("wave") < before_wave)
-    return steps_df.where(F.col("action") != PROMOTE).drop("_promote_step")
+    first_promote: dict[tuple[str, int], int] = {}
+    for r in plan:
+        if r["action"] == PROMOTE:
+            key = (r["group_name"], r["partition_id"])
+            first_promote[key] = min(first_promote.get(key, r["step"]), r["step"])
+    return [
+        r for r in plan
+        if r["action"] != PROMOTE
+        and r["step"] < first_promote.get((r["group_name"], r["partition_id"]), r["step"] + 1)
+        and (before_wave is None or (r["wave"] is not None and r["wave"] < before_wave))
+    ]
 
 
-def not_yet_applied(steps_df: DataFrame, map_now_df: DataFrame) -> DataFrame:
-    """``steps_df`` without the steps whose effect the newest reports already show.
+def not_yet_applied(steps: list[dict[str, Any]], now: dict[Copy, dict[str, Any]]) -> list[dict[str, Any]]:
+    """``steps`` without those whose effect the newest reports already show.
 
     A COPY is applied once its target owns the partition at ``to_counter`` or later; a DROP once the copy has left
     the map. This makes a round idempotent: a twin that crashed after writing its reports, run again, does not
     report the same steps twice.
 
     Args:
-        steps_df: COPY and DROP steps of one plan.
-        map_now_df: the committed map overridden by the newest reports (``exchange.job.current_map``).
+        steps: COPY and DROP steps of one plan.
+        now: the committed map overridden by the newest reports (:func:`current_map`), by copy.
     """
-    part = list(PARTITION_KEY)
-    owned_df = map_now_df.where(F.col("state") == OWNING).select(
-        *part, F.col("node_id").alias("target_node"), F.col("update_counter").alias("_owned_counter")
-    )
-    held_df = map_now_df.select(*part, F.col("node_id").alias("source_node"), F.lit(True).alias("_held"))
-    return (
-        steps_df.join(owned_df, [*part, "target_node"], "left")
-        .join(held_df, [*part, "source_node"], "left")
-        .where(
-            ((F.col("action") == COPY) & ~F.coalesce(F.col("_owned_counter") >= F.col("to_counter"), F.lit(False)))
-            | ((F.col("action") == DROP) & F.coalesce(F.col("_held"), F.lit(False)))
-        )
-        .drop("_owned_counter", "_held")
-    )
+    out = []
+    for r in steps:
+        part = (r["group_name"], r["partition_id"])
+        if r["action"] == COPY:
+            held = now.get((*part, r["target_node"]))
+            if not (held and held["state"] == OWNING and held["update_counter"] >= r["to_counter"]):
+                out.append(r)
+        elif r["action"] == DROP and (*part, r["source_node"]) in now:
+            out.append(r)
+    return out
 
 
-def reports_for(steps_df: DataFrame, map_df: DataFrame, first_seq: int) -> DataFrame:
-    """The partition reports the nodes send when ``steps_df`` (COPY and DROP steps) finish.
+def reports_for(steps: list[dict[str, Any]], map_rows: dict[Copy, dict[str, Any]], first_seq: int) -> pa.Table:
+    """The partition reports the nodes send when ``steps`` (COPY and DROP steps) finish, in finishing order.
+
+    A COPY's target owns the supplier's copy (its size and bytes in the plan's version map) at ``to_counter``, its
+    WAL history starting there; a DROP's node evicts its copy.
 
     Args:
-        steps_df: executed steps (``migration_plan`` columns).
-        map_df: the map of the plan's version (suppliers' size and bytes, dropped copies' counters).
-        first_seq: the ``report_seq`` of the first report; the others follow in finishing order.
+        steps: executed steps (``migration_plan`` rows).
+        map_rows: the map of the plan's version, by copy.
+        first_seq: the ``report_seq`` of the first report.
+    """
+    ordered = sorted(steps, key=lambda r: (r["est_end_s"] is None, r["est_end_s"] or 0.0, r["migration_id"]))
+    rows = []
+    for seq, r in enumerate(ordered, start=first_seq):
+        part = (r["group_name"], r["partition_id"])
+        if r["action"] == COPY:
+            supplier = map_rows.get((*part, r["source_node"]), {})
+            rows.append({"node_id": r["target_node"], "group_name": part[0], "partition_id": part[1],
+                         "state": OWNING, "update_counter": r["to_counter"], "size": supplier.get("size") or 0,
+                         "bytes": supplier.get("bytes") or 0, "wal_history_counter": r["to_counter"],
+                         "report_seq": seq})
+        else:
+            dropped = map_rows.get((*part, r["source_node"]), {})
+            rows.append({"node_id": r["source_node"], "group_name": part[0], "partition_id": part[1],
+                         "state": EVICTED, "update_counter": dropped.get("update_counter") or 0, "size": 0,
+                         "bytes": 0, "wal_history_counter": None, "report_seq": seq})
+    return pa.Table.from_pylist(rows, schema=_REPORTS)
+
+
+_REPORTS = to_arrow_schema(PARTITION_REPORTS, timezone="UTC")
+
+
+def _by_copy(rows: pa.Table) -> dict[Copy, dict[str, Any]]:
+    return {(r["group_name"], r["partition_id"], r["node_id"]): r for r in rows.to_pylist()}
+
+
+def current_map(warehouse: Warehouse) -> tuple[Committed, dict[Copy, dict[str, Any]], int] | None:
+    """The latest committed version, its map as the nodes' newest reports make it now, and the newest report_seq.
+
+    The committed ``partition_map`` on the version's alive servers, each copy replaced by its newest report
+    committed after the version (EVICTED copies leave), then the counter rule (OWNING copies below the highest
+    OWNING counter of their partition count as MOVING): what the next exchange would start from, for the twin to
+    see which steps the reports already show. Driver-side reads of one version (the twin simulates; it does not
+    scale with the exchange). The reports are not validated (the twin writes them itself).
 
     Returns:
-        ``partition_reports`` rows.
+        None before the first exchange.
     """
-    copy_of = map_df.select(*COPY_KEY, "update_counter", "size", "bytes")
-    # A COPY's target owns the supplier's copy at to_counter (its WAL history starts there).
-    copied_df = (
-        steps_df.where(F.col("action") == COPY)
-        .join(
-            copy_of.select(*PARTITION_KEY, F.col("node_id").alias("source_node"), F.col("size").alias("_size"),
-                           F.col("bytes").alias("_bytes")),  # the plan's own bytes column is the replay size
-            [*PARTITION_KEY, "source_node"],
-            "left",
-        )
-        .select(
-            F.col("target_node").alias("node_id"), *PARTITION_KEY, F.lit(OWNING).alias("state"),
-            F.col("to_counter").alias("update_counter"),
-            F.coalesce(F.col("_size"), F.lit(0)).alias("size"),
-            F.coalesce(F.col("_bytes"), F.lit(0)).alias("bytes"),
-            F.col("to_counter").alias("wal_history_counter"), "est_end_s", "migration_id",
-        )
-    )
-    # A DROP's node evicts its copy.
-    dropped_df = (
-        steps_df.where(F.col("action") == DROP)
-        .join(
-            copy_of.select(*PARTITION_KEY, F.col("node_id").alias("source_node"), "update_counter"),
-            [*PARTITION_KEY, "source_node"],
-            "left",
-        )
-        .select(
-            F.col("source_node").alias("node_id"), *PARTITION_KEY, F.lit("EVICTED").alias("state"),
-            F.coalesce(F.col("update_counter"), F.lit(0)).alias("update_counter"),
-            F.lit(0).cast("long").alias("size"), F.lit(0).cast("long").alias("bytes"),
-            F.lit(None).cast("long").alias("wal_history_counter"), "est_end_s", "migration_id",
-        )
-    )
-    order = Window.orderBy(F.col("est_end_s").asc_nulls_last(), "migration_id")
-    out_df = copied_df.unionByName(dropped_df).withColumn(
-        "report_seq", F.lit(first_seq - 1).cast("long") + F.row_number().over(order)
-    )
-    return out_df.select(*[F.col(f.name).cast(f.dataType) for f in PARTITION_REPORTS.fields])
+    committed = last_committed(warehouse)
+    if committed is None:
+        return None
+    servers = {n for n, info in committed.state.alive.items() if not info.is_client}
+    copies = _by_copy(warehouse.read_arrow("partition_map", where=_at(committed.version)))
+    new, _ = warehouse.changes_arrow("partition_reports", committed.input_versions.get("partition_reports"))
+    assert new is not None  # no max_rows: always read
+    newest_seq = committed.max_report_seq or 0
+    for r in sorted(new.to_pylist(), key=lambda r: r["report_seq"] or 0):
+        newest_seq = max(newest_seq, r["report_seq"] or 0)
+        if r["node_id"] not in servers or r["group_name"] not in committed.state.groups:
+            continue
+        key = (r["group_name"], r["partition_id"], r["node_id"])
+        if r["state"] == EVICTED:
+            copies.pop(key, None)
+        else:
+            copies[key] = r
+    top: dict[tuple[str, int], int] = {}
+    for (g, p, _), r in copies.items():
+        if r["state"] == OWNING:
+            top[(g, p)] = max(top.get((g, p), -1), r["update_counter"])
+    for (g, p, _), r in copies.items():
+        if r["state"] == OWNING and r["update_counter"] < top[(g, p)]:
+            copies[(g, p, r["node_id"])] = {**r, "state": MOVING}
+    return committed, copies, newest_seq
 
 
-def stability(spark: SparkSession, warehouse: Warehouse) -> Stability | None:
+def stability(warehouse: Warehouse) -> Stability | None:
     """How far the latest committed version is from stable (module docstring); None before the first exchange."""
-    current = current_map(spark, warehouse)
+    current = current_map(warehouse)
     if current is None:
         return None
-    version, map_df = current
-    ideal_df = at_version(warehouse.read("ideal_assignment"), version).select(*COPY_KEY, "replica_index")
-    assignment_df = at_version(warehouse.read("affinity_assignment"), version).select(*COPY_KEY, "replica_index")
-    # Rows present on one side only (a full outer join with side markers, one job).
-    sided_df = ideal_df.withColumn("_ideal", F.lit(1)).join(
-        assignment_df.withColumn("_serving", F.lit(1)), [*COPY_KEY, "replica_index"], "full"
-    )
-    owning_df = map_df.where(F.col("state") == OWNING).select(*COPY_KEY)
+    committed, copies, _ = current
+    at = _at(committed.version)
+    ideal = {(r["group_name"], r["partition_id"], r["replica_index"], r["node_id"])
+             for r in warehouse.read_arrow("ideal_assignment", where=at).to_pylist()}
+    serving = {(r["group_name"], r["partition_id"], r["replica_index"], r["node_id"])
+               for r in warehouse.read_arrow("affinity_assignment", where=at).to_pylist()}
+    ideal_copies = {(g, p, n) for g, p, _, n in ideal}
+    owning = {key for key, r in copies.items() if r["state"] == OWNING}
     return Stability(
-        version=version,
-        assignment_differences=sided_df.where(F.col("_ideal").isNull() | F.col("_serving").isNull()).count(),
-        ideal_not_owning=ideal_df.select(*COPY_KEY).join(owning_df, list(COPY_KEY), "left_anti").count(),
-        surplus_copies=map_df.select(*COPY_KEY).join(ideal_df.select(*COPY_KEY), list(COPY_KEY), "left_anti").count(),
-        lost_partitions=at_version(warehouse.read("lost_partitions"), version).count(),
+        version=committed.version,
+        assignment_differences=len(ideal ^ serving),
+        ideal_not_owning=len(ideal_copies - owning),
+        surplus_copies=len(set(copies) - ideal_copies),
+        lost_partitions=warehouse.read_arrow("lost_partitions", where=at).num_rows,
     )
+
+
+def _at(version: tuple[int, int]) -> dict[str, Any]:
+    return {"topology_major": version[0], "topology_minor": version[1]}
 
 
 def _run_round(
@@ -222,19 +253,17 @@ def _run_round(
     hook: Callable[[str], None],
 ) -> TwinRound:
     before = run_exchange(spark, warehouse, settings, clock=clock, fault_hook=hook)
-    current = current_map(spark, warehouse)
+    current = current_map(warehouse)
     if current is None:
         raise TwinError("no exchange has been committed yet; run `rebalancer exchange` first")
-    version, now_df = current
-    plan_df = at_version(warehouse.read("migration_plan"), version)
-    steps_df = not_yet_applied(executable_steps(plan_df, before_wave=fail[1] if fail else None), now_df)
-    steps_df = steps_df.localCheckpoint(eager=True)
-    counts = {r["action"]: int(r["n"]) for r in steps_df.groupBy("action").agg(F.count(F.lit(1)).alias("n")).collect()}
-    waiting = plan_df.where(F.col("action") == PROMOTE).count()
-    if counts:
-        first_seq = int(scalar(warehouse.read("partition_reports").agg(F.coalesce(F.max("report_seq"), F.lit(0))))) + 1
-        map_df = at_version(warehouse.read("partition_map"), version)
-        warehouse.append("partition_reports", reports_for(steps_df, map_df, first_seq))
+    committed, now, newest_seq = current
+    plan = warehouse.read_arrow("migration_plan", where=_at(committed.version)).to_pylist()
+    steps = not_yet_applied(executable_steps(plan, before_wave=fail[1] if fail else None), now)
+    counts = {COPY: sum(r["action"] == COPY for r in steps), DROP: sum(r["action"] == DROP for r in steps)}
+    waiting = sum(r["action"] == PROMOTE for r in plan)
+    if steps:
+        map_rows = _by_copy(warehouse.read_arrow("partition_map", where=_at(committed.version)))
+        warehouse.append_arrow("partition_reports", reports_for(steps, map_rows, newest_seq + 1))
         hook("after:reports")
     failed = None
     if fail is not None:
@@ -242,11 +271,10 @@ def _run_round(
         failed = fail[0]
         hook("after:event")
     after = run_exchange(spark, warehouse, settings, clock=clock, fault_hook=hook)
-    steps_df.unpersist()
     return TwinRound(
-        version=version,
-        copies=counts.get(COPY, 0),
-        drops=counts.get(DROP, 0),
+        version=committed.version,
+        copies=counts[COPY],
+        drops=counts[DROP],
         waiting_promotions=waiting,
         failed_node=failed,
         exchanges=tuple(before) + tuple(after),
@@ -303,18 +331,17 @@ def simulate(
         if not twin_round.changed_anything:
             break
         if until_stable:
-            status = stability(spark, warehouse)
+            status = stability(warehouse)
             if status is not None and status.stable:
                 return TwinResult(tuple(rounds), status)
-    return TwinResult(tuple(rounds), stability(spark, warehouse))
+    return TwinResult(tuple(rounds), stability(warehouse))
 
 
 def _check_alive_server(warehouse: Warehouse, node_id: str) -> None:
-    version = latest_committed_version(warehouse)
-    if version is None:
+    committed = last_committed(warehouse)
+    if committed is None:
         raise TwinError("no exchange has been committed yet; run `rebalancer exchange` first")
-    alive = at_version(warehouse.read("topology"), version).where(
-        (F.col("node_id") == node_id) & ~F.coalesce(F.col("is_client"), F.lit(False))
-    )
-    if alive.limit(1).count() == 0:
-        raise TwinError(f"--fail {node_id}: no alive server node {node_id!r} at version {version[0]}.{version[1]}")
+    info = committed.state.alive.get(node_id)
+    if info is None or info.is_client:
+        major, minor = committed.version
+        raise TwinError(f"--fail {node_id}: no alive server node {node_id!r} at version {major}.{minor}")

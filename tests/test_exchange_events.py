@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rebalancer.exchange.versions import Event, NodeInfo, TopologyState, coordinator_of, plan_exchanges
+from rebalancer.exchange.events import Event, NodeInfo, TopologyState, coordinator_of, plan_exchanges
 
 CATALOG = {
     "n1": NodeInfo(1, False),

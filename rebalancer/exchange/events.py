@@ -22,6 +22,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from rebalancer.vocabulary import (
+    ALL,
+    CACHE_CHANGE,
+    CACHE_EVENTS,
+    CACHE_STARTED,
+    CACHE_STOPPED,
+    NODE_EVENTS,
+    NODE_JOINED,
+    NONE,
+    RESET_LOST,
+    RESET_LOST_PARTITIONS,
+)
+
 __all__ = [
     "Event",
     "ExchangeStep",
@@ -33,9 +46,6 @@ __all__ = [
     "plan_exchanges",
 ]
 
-NODE_EVENTS = frozenset({"NODE_JOINED", "NODE_LEFT", "NODE_FAILED"})
-CACHE_EVENTS = frozenset({"CACHE_STARTED", "CACHE_STOPPED"})
-RESET_EVENT = "RESET_LOST_PARTITIONS"
 
 
 @dataclass(frozen=True)
@@ -98,7 +108,7 @@ def _apply_node_event(
         return f"{event.event_type} has no node_id"
     if node not in catalog:
         return f"{event.event_type} for node {node!r}, which is not in the nodes table"
-    if event.event_type == "NODE_JOINED":
+    if event.event_type == NODE_JOINED:
         if node in alive:
             return f"NODE_JOINED for node {node!r}, which is already alive"
         alive[node] = catalog[node]
@@ -139,7 +149,7 @@ def plan_exchanges(
     implicit_groups: frozenset[str] = frozenset()
     if not state.groups and coordinator_of(state.alive) is None:
         # A fresh cluster: groups with no CACHE_STARTED event start with the first server.
-        explicit = {e.group_name for e in pending if e.event_type == "CACHE_STARTED"}
+        explicit = {e.group_name for e in pending if e.event_type == CACHE_STARTED}
         implicit_groups = frozenset(g for g in catalog_groups if g not in explicit)
     major, minor = state.major, state.minor
     alive = dict(state.alive)
@@ -172,7 +182,7 @@ def plan_exchanges(
                 groups |= new_groups
             steps.append(
                 ExchangeStep(
-                    major, minor, "ALL" if server_change else "NONE", tuple(merged), dict(alive),
+                    major, minor, ALL if server_change else NONE, tuple(merged), dict(alive),
                     frozenset(groups), new_groups=new_groups, coordinator=coordinator_of(alive),
                 )
             )
@@ -188,16 +198,16 @@ def plan_exchanges(
         minor += 1
         new: frozenset[str] = frozenset()
         reset: frozenset[str] = frozenset()
-        if event.event_type == "CACHE_STARTED":
+        if event.event_type == CACHE_STARTED:
             groups.add(group)
             new = frozenset({group})
-        elif event.event_type == "CACHE_STOPPED":
+        elif event.event_type == CACHE_STOPPED:
             groups.discard(group)
         else:
             reset = frozenset({group})
         steps.append(
             ExchangeStep(
-                major, minor, "RESET_LOST" if reset else "CACHE_CHANGE", (event.event_seq,), dict(alive),
+                major, minor, RESET_LOST if reset else CACHE_CHANGE, (event.event_seq,), dict(alive),
                 frozenset(groups), new_groups=new, reset_groups=reset, coordinator=coordinator_of(alive),
             )
         )
@@ -207,15 +217,15 @@ def plan_exchanges(
 def _group_event_problem(event: Event, groups: set[str], catalog: frozenset[str]) -> str | None:
     """Why a cache or reset event cannot apply, or None when it can."""
     group = event.group_name
-    if event.event_type not in CACHE_EVENTS and event.event_type != RESET_EVENT:
+    if event.event_type not in CACHE_EVENTS and event.event_type != RESET_LOST_PARTITIONS:
         return f"unknown event type {event.event_type!r}"
     if group is None:
         return f"{event.event_type} has no group_name"
     if group not in catalog:
         return f"{event.event_type} for group {group!r}, which is not in the cache_groups table"
-    if event.event_type == "CACHE_STARTED" and group in groups:
+    if event.event_type == CACHE_STARTED and group in groups:
         return f"CACHE_STARTED for group {group!r}, which is already running"
-    if event.event_type != "CACHE_STARTED" and group not in groups:
+    if event.event_type != CACHE_STARTED and group not in groups:
         return f"{event.event_type} for group {group!r}, which is not running"
     return None
 

@@ -1,0 +1,192 @@
+"""Benchmark of the migration scheduler alone: makespans and scheduling time on the suite's plans, without Spark.
+
+For every change of ``bench/plans.py`` (the plans ``bench/suite.py``'s scenarios commit, rebuilt in pure Python,
+plus ``bench/migrations.py``'s graceful scale-down) and every per-node cap, the plan is scheduled by ``ours``,
+``hazelcast`` and ``serial`` and its lower bound computed (``rebalancer.planning.schedule``, default cost model
+otherwise). A synthetic plan of ``--synthetic`` steps (1,000,000 by default, on 1,000 nodes) is scheduled at the
+default cap to time the scheduler. Times are of this process: wall seconds and CPU seconds (the CPU time is what
+to read on a shared machine).
+
+``--compare REF`` also schedules every plan with the scheduler of git commit ``REF`` (its ``ours`` and its own
+lower bound), to print the figures before and after a change side by side.
+
+Run from the repository root: ``.venv/bin/python bench/schedule.py [--compare REF] [--json OUT]``; it prints a
+Markdown table. ``--synthetic 0`` skips the synthetic plan; ``--only M,XL`` keeps some scenarios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import pyarrow as pa  # noqa: E402
+
+from bench.plans import CHANGES, Change, scenario_plan, synthetic_plan  # noqa: E402
+from rebalancer.planning import schedule as scheduler  # noqa: E402
+
+CAPS = (1, 2, 5, 10, 20)
+SYNTHETIC_NODES = 1_000
+
+
+@dataclass(frozen=True)
+class Row:
+    """One plan at one cap: makespans in seconds, scheduling times of ``ours`` (wall and CPU)."""
+
+    scenario: str
+    change: str
+    steps: int
+    cap: int
+    ours_s: float
+    hazelcast_s: float
+    serial_s: float
+    bound_s: float
+    ours_wall_s: float
+    ours_cpu_s: float
+    before_ours_s: float | None = None
+    before_bound_s: float | None = None
+    before_wall_s: float | None = None
+
+    @property
+    def over_bound(self) -> float:
+        return self.ours_s / self.bound_s - 1.0 if self.bound_s > 0 else 0.0
+
+
+def timed(call: Callable[[], pa.Table]) -> tuple[pa.Table, float, float]:
+    """``call()`` with its wall and CPU seconds."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = call()
+    return out, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def load_scheduler(ref: str) -> ModuleType:
+    """The scheduler module as of git commit ``ref``, imported from a temporary file."""
+    source = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{ref}:rebalancer/planning/schedule.py"],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    path = Path(tempfile.mkdtemp()) / "schedule_before.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("schedule_before", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot import the scheduler of {ref}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def measure(name: tuple[str, str], plan: pa.Table, caps: tuple[int, ...], before: ModuleType | None) -> list[Row]:
+    """Every policy and the bound of ``plan`` at each cap (serial does not depend on the cap: run once)."""
+    rows = []
+    serial_s = scheduler.makespan(scheduler.schedule(plan, scheduler.CostModel(), "serial"))
+    for cap in caps:
+        model = scheduler.CostModel(max_parallel_per_node=cap)
+        ours, wall, cpu = timed(lambda model=model: scheduler.schedule(plan, model, "ours"))
+        extra: dict[str, Any] = {}
+        if before is not None:
+            old_model = before.CostModel(max_parallel_per_node=cap)
+            old, old_wall, _ = timed(lambda old_model=old_model: before.schedule(plan, old_model, "ours"))
+            extra = {
+                "before_ours_s": before.makespan(old),
+                "before_bound_s": before.lower_bound(old, old_model),
+                "before_wall_s": old_wall,
+            }
+        rows.append(Row(
+            scenario=name[0], change=name[1], steps=plan.num_rows, cap=cap,
+            ours_s=scheduler.makespan(ours),
+            hazelcast_s=scheduler.makespan(scheduler.schedule(plan, model, "hazelcast")),
+            serial_s=serial_s, bound_s=scheduler.lower_bound(ours, model), ours_wall_s=wall, ours_cpu_s=cpu, **extra,
+        ))
+        print(f"  {name[0]} {name[1]} cap {cap}: ours {rows[-1].ours_s:.2f} s, bound {rows[-1].bound_s:.2f} s "
+              f"({rows[-1].over_bound:+.1%}), scheduled in {cpu:.2f} s CPU", file=sys.stderr, flush=True)
+    return rows
+
+
+def seconds(value: float) -> str:
+    """Makespans as the benchmark pages print them: ``3h02m`` from an hour, ``1m51s`` from a minute, else
+    ``58.1 s``."""
+    if value >= 3600:
+        h, m = divmod(round(value / 60), 60)
+        return f"{h}h{m:02d}m"
+    if value >= 60:
+        m, s = divmod(round(value), 60)
+        return f"{m}m{s:02d}s"
+    return f"{value:.2f} s" if value < 10 else f"{value:.1f} s"
+
+
+def markdown(rows: list[Row], with_before: bool) -> str:
+    head = ["scenario", "change", "steps", "cap"]
+    if with_before:
+        head += ["before: ours", "before: bound", "before: over"]
+    head += ["ours", "hazelcast", "serial", "bound", "ours over bound", "ours <= baselines", "ours scheduled in (CPU)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r.scenario, r.change, f"{r.steps:,}", str(r.cap)]
+        if with_before and r.before_ours_s is not None and r.before_bound_s is not None:
+            cells += [seconds(r.before_ours_s), seconds(r.before_bound_s),
+                      f"{r.before_ours_s / r.before_bound_s - 1:.1%}" if r.before_bound_s else "-"]
+        elif with_before:
+            cells += ["-", "-", "-"]
+        fine = r.ours_s <= r.hazelcast_s + 1e-9 and r.ours_s <= r.serial_s + 1e-9
+        cells += [seconds(r.ours_s), seconds(r.hazelcast_s), seconds(r.serial_s), seconds(r.bound_s),
+                  f"{r.over_bound:.1%}", "yes" if fine else "**no**", f"{r.ours_cpu_s:.2f} s"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="comma-separated scenarios (S, M, L, XL, XXL) or scenario/change keys")
+    parser.add_argument("--caps", default=",".join(map(str, CAPS)), help="comma-separated per-node caps")
+    parser.add_argument("--synthetic", type=int, default=1_000_000, help="steps of the synthetic plan (0: none)")
+    parser.add_argument("--compare", metavar="REF", help="also schedule with the scheduler of this git commit")
+    parser.add_argument("--json", metavar="OUT", help="write the rows and the run's facts to this file")
+    args = parser.parse_args()
+    caps = tuple(int(c) for c in args.caps.split(","))
+    only = set(args.only.split(",")) if args.only else None
+    changes: list[Change] = [c for c in CHANGES if only is None or c.scenario in only or c.key in only]
+    before = load_scheduler(args.compare) if args.compare else None
+    began = time.time()
+    rows: list[Row] = []
+    for change in changes:
+        plan = scenario_plan(change)
+        rows += measure((change.scenario, change.change), plan, caps, before)
+    if args.synthetic:
+        plan = synthetic_plan(args.synthetic, SYNTHETIC_NODES)
+        rows += measure(("synthetic", f"{SYNTHETIC_NODES:,} nodes"), plan, (10,), before)
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    facts = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(began)),
+        "commit": commit + (" plus uncommitted changes" if dirty else ""),
+        "compare": args.compare,
+        "command": " ".join(["bench/schedule.py", *sys.argv[1:]]),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "cost_model": asdict(scheduler.CostModel()),
+        "seconds": round(time.time() - began, 1),
+    }
+    print(markdown(rows, before is not None))
+    print(f"\n{facts['date']}, commit {facts['commit']}, {facts['seconds']} s in all")
+    if args.json:
+        Path(args.json).write_text(json.dumps({**facts, "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

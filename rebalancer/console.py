@@ -1,0 +1,98 @@
+"""What people read: every line the CLI, the jobs and the demo print, in one place.
+
+The engine returns data (summaries, twin rounds, stability); this module turns it into text with ``rich``. A
+spinner shows while a long step runs, only when the output is a terminal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = [
+    "console",
+    "err_console",
+    "print_round",
+    "print_rows",
+    "print_stability",
+    "print_summary",
+    "step",
+]
+
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def step(label: str) -> Iterator[None]:
+    """Show a spinner while a long step runs, then its duration."""
+    start = time.perf_counter()
+    with err_console.status(f"{label}..."):
+        yield
+    err_console.print(f"[dim]{label}: {time.perf_counter() - start:.1f} s[/dim]")
+
+
+def print_summary(s: Any) -> None:
+    """Print one exchange summary in a few readable lines."""
+    events = ", ".join(str(e) for e in s.merged_event_seqs) or "-"
+    console.print(
+        f"[bold]exchange {s.exchange_id}[/bold] -> version {s.topology_major}.{s.topology_minor} "
+        f"({s.exchange_type}; events {events}; coordinator {s.coordinator or '-'})"
+    )
+    console.print(f"  nodes: {s.alive_servers} servers, {s.alive_clients} clients; partitions: {s.partitions:,}")
+    console.print(
+        f"  lost: {s.lost_partitions:,}; moving copies: {s.moving_copies:,}; "
+        f"temporary primaries: {s.temporary_primaries:,}; counter conflicts: {s.counter_conflicts:,}"
+    )
+    console.print(
+        f"  plan: {s.migrations:,} steps, {s.bytes_to_move / 2**30:,.2f} GiB to move; "
+        f"makespan {s.makespan_s:,.1f} s (lower bound {s.makespan_lower_bound_s:,.1f} s)"
+    )
+    if s.stage_seconds:
+        stages = ", ".join(f"{name} {seconds:.1f}" for name, seconds in s.stage_seconds.items())
+        jobs = "" if s.spark_jobs is None else f"; {s.spark_jobs} Spark jobs"
+        console.print(f"  seconds by stage: {stages}{jobs}")
+
+
+def print_round(r: Any) -> None:
+    """Print what one twin round did."""
+    console.print(
+        f"[bold]twin round[/bold] on version {r.version[0]}.{r.version[1]}: {r.copies:,} copies and "
+        f"{r.drops:,} drops finished; {r.waiting_promotions:,} promotions left to the switch"
+        + (f"; {r.failed_node} failed" if r.failed_node else "")
+    )
+    for summary in r.exchanges:
+        print_summary(summary)
+
+
+def print_stability(status: Any) -> None:
+    """Print whether the cluster is stable, and what is left when it is not."""
+    if status is None:
+        return
+    if status.stable:
+        console.print(f"stable at version {status.version[0]}.{status.version[1]}: the serving assignment is the "
+                      "ideal one, every ideal copy owns and no surplus copy is left")
+    else:
+        console.print(
+            f"not stable at version {status.version[0]}.{status.version[1]}: "
+            f"{status.assignment_differences:,} assignment rows differ from ideal, "
+            f"{status.ideal_not_owning:,} ideal copies not owning, {status.surplus_copies:,} surplus copies, "
+            f"{status.lost_partitions:,} lost partitions"
+            + (" (run `event RESET_LOST_PARTITIONS --group G` to recover them)" if status.lost_partitions else "")
+        )
+
+
+def print_rows(columns: list[str], rows: list[tuple[Any, ...]], limit: int) -> None:
+    table = Table(show_header=True, header_style="bold")
+    for name in columns:
+        table.add_column(name)
+    for row in rows[:limit]:
+        table.add_row(*["NULL" if v is None else str(v) for v in row])
+    console.print(table)
+    more = " (more not shown)" if len(rows) > limit else ""
+    console.print(f"{min(len(rows), limit)} row(s){more}")

@@ -1,0 +1,51 @@
+"""Install-time warm-up: record the JVM classes a rebalancer session loads, so that later sessions start faster.
+
+``make install`` runs ``python -m rebalancer.warmup`` once. It starts a local session whose JVM writes a
+class-data-sharing archive when it exits (``-XX:ArchiveClassesAtExit``, :data:`rebalancer.session.CLASS_ARCHIVE`),
+and runs what a user runs first: generate a small cluster, two exchanges (its first version and a failure), a SQL
+query. Every later session rebalancer builds maps that archive instead of loading and verifying the classes again
+(docs/PERFORMANCE.md has the measurements). Nothing here changes results; without the archive sessions just start
+slower.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+
+from rebalancer.config import Settings, SparkSettings
+from rebalancer.operations import generate_into
+from rebalancer.pipeline import run_exchange
+from rebalancer.producers import append_event
+from rebalancer.session import CLASS_ARCHIVE, get_spark, java_options
+from rebalancer.storage import open_warehouse
+
+__all__ = ["main"]
+
+
+def main() -> None:
+    """Build :data:`~rebalancer.session.CLASS_ARCHIVE` (replacing an older one)."""
+    started = time.perf_counter()
+    CLASS_ARCHIVE.unlink(missing_ok=True)
+    spark = get_spark(
+        SparkSettings(master="local[2]", shuffle_partitions=2, driver_memory="1g", app_name="rebalancer-warmup"),
+        extra_conf={"spark.driver.extraJavaOptions": java_options("make")},
+    )
+    with tempfile.TemporaryDirectory(prefix="rebalancer-warmup-") as directory:
+        settings = Settings().with_overrides(storage={"warehouse": directory, "engine": "delta-rs"})
+        warehouse = open_warehouse(spark, settings.storage)
+        generate_into(spark, warehouse, settings, nodes=4, groups=1, partitions=16, backups=1, seed=0)
+        run_exchange(spark, warehouse, settings)
+        append_event(spark, warehouse, "NODE_FAILED", node_id="node1")
+        run_exchange(spark, warehouse, settings)
+        warehouse.register_views()
+        spark.sql("SELECT count(*) FROM partition_map").collect()
+    spark.stop()
+    # The JVM writes the archive when it exits, after this process ends.
+    print(f"rebalancer: warm-up done in {time.perf_counter() - started:.0f} s; the JVM records its classes in "
+          f"{CLASS_ARCHIVE} as it exits", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""A session, a warehouse and the settings, opened lazily: what the CLI, the jobs and the demo work in.
+
+Spark starts only when a command first needs it (a typo in an argument costs no JVM start); ``starting`` wraps that
+start (the CLI shows a spinner).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+from rebalancer.config import Settings, load_settings
+
+__all__ = ["Workspace"]
+
+
+@dataclass
+class Workspace:
+    """Settings, and the session and warehouse they describe (created on first use)."""
+
+    settings: Settings
+    starting: Callable[[str], AbstractContextManager[None]] = field(default=lambda _label: nullcontext(), repr=False)
+    _spark: Any = field(default=None, repr=False)
+    _warehouse: Any = field(default=None, repr=False)
+
+    @property
+    def spark(self) -> Any:
+        """The active SparkSession, or a new one from ``settings.spark``."""
+        if self._spark is None:
+            with self.starting("starting Spark"):
+                from rebalancer.session import get_spark
+
+                self._spark = get_spark(self.settings.spark)
+        return self._spark
+
+    @property
+    def warehouse(self) -> Any:
+        """The warehouse of ``settings.storage`` (its engine chosen then)."""
+        if self._warehouse is None:
+            from rebalancer.storage import open_warehouse
+
+            self._warehouse = open_warehouse(self.spark, self.settings.storage)
+        return self._warehouse
+
+    @classmethod
+    def from_args(
+        cls, argv: Sequence[str], description: str, options: Callable[[argparse.ArgumentParser], None] | None = None
+    ) -> tuple[Workspace, argparse.Namespace]:
+        """A workspace from a spark-submit job's arguments: ``[--warehouse W] [--conf F] [--strict]`` plus the
+        job's own ``options`` (in any order).
+
+        Raises:
+            SystemExit: the arguments do not parse (argparse prints the usage).
+            ConfigError: the configuration file is invalid.
+        """
+        parser = argparse.ArgumentParser(description=description)
+        parser.add_argument("--warehouse", help="warehouse directory (default: storage.warehouse)")
+        parser.add_argument("--conf", help="TOML settings file (see conf/default.toml)")
+        parser.add_argument("--strict", action="store_true", help="fail on any bad input row")
+        if options is not None:
+            options(parser)
+        args = parser.parse_args(list(argv))
+        settings = load_settings(args.conf)
+        if args.warehouse:
+            settings = settings.with_overrides(storage={"warehouse": args.warehouse})
+        if args.strict:
+            settings = settings.with_overrides(validation={"strict": True})
+        return cls(settings), args

@@ -1,0 +1,140 @@
+"""The driver-side verdicts (rebalancer/validation_local.py) agree with the Spark validator, row by row.
+
+- The whole validation catalogue of tests/test_validation.py: the rows the driver calls bad are exactly the rows the
+  catalogue expects rejected (its cases are all SPEC-typed).
+- Random dirty rows (nulls, values outside an enum, negatives, blank names, duplicate keys across and within
+  commits, references to missing, rejected or client nodes, stale and out-of-order reports, reports of dead nodes
+  and stopped groups, counter regressions): the driver's bad rows are exactly the rows ``validate_inputs`` rejects.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
+from pyspark.sql import SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from rebalancer.storage.base import COMMIT_COLUMN
+from rebalancer.tables import INPUT_TABLES
+from rebalancer.validation import ROW_COLUMN, Consumer, validate_inputs
+from rebalancer.validation_local import bad_reports, bad_small_tables
+from tests.test_validation import CASES, TABLES
+
+# Each example runs Spark's validation (a few seconds); the soak profile (`make soak`) runs 200.
+EXAMPLES = int(os.environ.get("VALIDATION_LOCAL_EXAMPLES",
+                              "200" if os.environ.get("HYPOTHESIS_PROFILE") == "soak" else "8"))
+
+
+def arrow(table: str, rows: list[dict[str, Any]], commits: list[int] | None = None) -> pa.Table:
+    schema = to_arrow_schema(INPUT_TABLES[table], timezone="UTC")
+    out = pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in rows], schema=schema)
+    if commits is not None:
+        out = out.append_column(COMMIT_COLUMN, pa.array(commits, pa.int64()))
+    return out
+
+
+def test_the_driver_calls_bad_exactly_the_rows_the_catalogue_rejects() -> None:
+    rows = {t: [r for c in CASES.values() for r in c.rows[t]] for t in TABLES}
+    small = {t: arrow(t, rows[t]) for t in ("cache_groups", "nodes", "topology_events")}
+    bad, references = bad_small_tables(small)
+    bad["partition_reports"] = bad_reports(arrow("partition_reports", rows["partition_reports"]), None, references)
+    expected = {t: Counter(id(r) for c in CASES.values() for tt, r, _ in c.rejected if tt == t) for t in TABLES}
+    for t in TABLES:
+        got = Counter(id(r) for r, b in zip(rows[t], bad[t].tolist(), strict=True) if b)
+        # exact copies: which copy is rejected is not specified, so compare by content
+        as_content = Counter(repr(sorted(r.items())) for r, b in zip(rows[t], bad[t].tolist(), strict=True) if b)
+        wanted = Counter(repr(sorted(r.items())) for c in CASES.values() for tt, r, _ in c.rejected if tt == t)
+        assert as_content == wanted, f"{t}: driver {sorted(as_content - wanted)} vs catalogue " \
+                                     f"{sorted(wanted - as_content)}"
+        assert sum(got.values()) == sum(expected[t].values())
+
+
+NODES = ["a", "b", "c", "d", " "]
+GROUPS = ["g", "h", "x", ""]
+
+
+@st.composite
+def dirty_inputs(draw: st.DrawFn) -> dict[str, Any]:
+    maybe = st.one_of
+    nodes = [
+        {"node_id": draw(maybe(st.none(), st.sampled_from(NODES))), "node_order": draw(maybe(st.none(),
+                                                                                             st.integers(1, 4))),
+         "node_uuid": draw(st.sampled_from([None, None, "00000000-0000-0000-0000-000000000001", "nope"])),
+         "capacity": draw(st.sampled_from([None, 1.0, 2.0, 0.0, -1.0, float("nan"), float("inf")])),
+         "is_client": draw(st.sampled_from([None, False, True])), "host": "h", "attributes": None}
+        for _ in range(draw(st.integers(1, 5)))
+    ]
+    groups = [
+        {"group_name": draw(maybe(st.none(), st.sampled_from(GROUPS))),
+         "partitions": draw(st.sampled_from([None, 0, 1, 3, 70000])),
+         "backups": draw(st.sampled_from([None, -1, 0, 1])),
+         "mode": draw(st.sampled_from([None, "PARTITIONED", "partitioned"])),
+         "affinity": draw(st.sampled_from([None, "ignite", "other"])),
+         "backup_filter": draw(st.sampled_from([None, [], ["zone"], ["zone", None]])),
+         "loss_policy": draw(st.sampled_from([None, "IGNORE", "NOPE"])),
+         "persistent": draw(st.sampled_from([None, True, False])),
+         "partitioner": draw(st.sampled_from([None, "murmur3", "bad"]))}
+        for _ in range(draw(st.integers(1, 4)))
+    ]
+    events = [
+        {"event_seq": draw(maybe(st.none(), st.integers(1, 3))),
+         "event_type": draw(st.sampled_from([None, "NODE_JOINED", "CACHE_STARTED", "RESET_LOST_PARTITIONS", "X"])),
+         "node_id": draw(maybe(st.none(), st.sampled_from(NODES + ["ghost"]))),
+         "group_name": draw(maybe(st.none(), st.sampled_from(GROUPS + ["nope"])))}
+        for _ in range(draw(st.integers(0, 4)))
+    ]
+    report = st.fixed_dictionaries({
+        "node_id": maybe(st.none(), st.sampled_from(NODES + ["ghost"])),
+        "group_name": maybe(st.none(), st.sampled_from(GROUPS + ["nope"])),
+        "partition_id": maybe(st.none(), st.integers(-1, 3)),
+        "state": st.sampled_from([None, "OWNING", "OWNING", "MOVING", "EVICTED", "owning"]),
+        "update_counter": maybe(st.none(), st.integers(-1, 6)),
+        "size": st.sampled_from([None, -1, 1, 2]),
+        "bytes": st.sampled_from([None, -1, 10]),
+        "wal_history_counter": maybe(st.none(), st.integers(-1, 6)),
+        "report_seq": maybe(st.none(), st.integers(1, 6)),
+    })
+    stored = draw(st.lists(report, max_size=4))
+    new = draw(st.lists(report, max_size=8))
+    return {
+        "nodes": nodes, "groups": groups, "events": events,
+        "event_commits": draw(st.lists(st.integers(1, 3), min_size=len(events), max_size=len(events))),
+        "stored": stored, "new": new,
+        "new_commits": draw(st.lists(st.integers(1, 3), min_size=len(new), max_size=len(new))),
+        "alive": draw(st.lists(st.sampled_from(NODES), unique=True, max_size=3)),
+        "running": draw(st.lists(st.sampled_from(GROUPS), unique=True, max_size=2)),
+    }
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(data=dirty_inputs())
+def test_the_driver_and_spark_reject_the_same_rows(spark: SparkSession, data: dict[str, Any]) -> None:
+    small = {
+        "cache_groups": arrow("cache_groups", data["groups"]),
+        "nodes": arrow("nodes", data["nodes"]),
+        "topology_events": arrow("topology_events", data["events"], data["event_commits"]),
+    }
+    new = arrow("partition_reports", data["new"], data["new_commits"])
+    stored = arrow("partition_reports", data["stored"])
+    bad, references = bad_small_tables(small)
+    bad["partition_reports"] = bad_reports(new, stored, references, data["alive"], data["running"])
+
+    def numbered(t: pa.Table) -> Any:
+        return spark.createDataFrame(t.append_column(ROW_COLUMN, pa.array(np.arange(t.num_rows), pa.int64())))
+
+    raw = {name: numbered(t) for name, t in small.items()}
+    raw["partition_reports"] = numbered(new)
+    consumer = Consumer("9.0", tuple(data["alive"]), tuple(data["running"]))
+    validated = validate_inputs(raw, exchange_id=1, stored_reports=spark.createDataFrame(stored), consumer=consumer)
+    rejected = validated.numbered.select("table_name", ROW_COLUMN, "reason").collect()
+    for table in TABLES:
+        spark_bad = sorted(r[ROW_COLUMN] for r in rejected if r["table_name"] == table)
+        local_bad = np.flatnonzero(bad[table]).tolist()
+        note(f"{table}: spark {[(r[ROW_COLUMN], r['reason']) for r in rejected if r['table_name'] == table]}")
+        assert local_bad == spark_bad, f"{table}: driver {local_bad} vs spark {spark_bad}"
