@@ -41,6 +41,7 @@ class SparkSettings(_Strict):
 
 class AffinitySettings(_Strict):
     ignite_ids_as_strings: bool = False
+    balanced_spread: bool = True
     arrow_batch_rows: int = Field(4096, ge=1)
 
 

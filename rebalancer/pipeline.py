@@ -42,6 +42,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from rebalancer.affinity.assign import assign_indexes
+from rebalancer.affinity.balanced import BalancedGroup, assign_balanced
 from rebalancer.affinity.ideal import ideal_assignment
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.config import Settings
@@ -77,6 +78,7 @@ from rebalancer.storage.base import sql_literal
 from rebalancer.tables import EXCHANGES, OUTPUT_TABLES, REJECTED_ROWS, TOPOLOGY, VERSION_COLUMNS
 from rebalancer.validation import Consumer, InvalidInputError
 from rebalancer.vocabulary import (
+    BALANCED,
     LATE_AFFINITY_SWITCH,
     MAX_PARTITIONS,
     NONE,
@@ -474,6 +476,7 @@ class _Run:
         full = set(step.new_groups) | set(step.reset_groups) | {g for g in step.groups if g not in before.groups}
         changed_settings = self._groups_changed(prev, step.groups & before.groups)
         full |= changed_settings
+        full |= self._balanced_moved(before, step, servers_before != servers_now, changed_settings)
         for g in step.groups & before.groups:
             settings = self._groups[g]
             replicated = (settings["mode"] or "PARTITIONED") == REPLICATED
@@ -541,6 +544,16 @@ class _Run:
         keys = {(g, p) for g, p in keys if g in running and g not in full and 0 <= p < running[g]}
         return _Unsettled(everything=False, groups=frozenset(full & set(running)), keys=frozenset(keys))
 
+    def _balanced_moved(self, before: TopologyState, step: ExchangeStep, servers_changed: bool,
+                        changed_settings: set[str]) -> set[str]:
+        """The running balanced groups whose placement may change: balanced groups are placed together (one
+        group's partitions can take room another's needed), so all of them whenever the servers, the running
+        groups or any group's settings change."""
+        balanced = {g for g in step.groups if self._groups[g]["affinity"] == BALANCED}
+        if balanced and (servers_changed or step.groups != before.groups or changed_settings):
+            return balanced
+        return set()
+
     def _nodes_changed(self, prev: Committed, step: ExchangeStep) -> bool:
         """Whether a server alive before and now changed what placement reads (host, attributes, capacity, ...)."""
         then = prev.input_versions.get("nodes")
@@ -573,12 +586,14 @@ class _Run:
         self, step: ExchangeStep, prev: Committed | None, groups: dict[str, GroupSettings], u: _Unsettled,
         reports: Reports | None,
     ) -> DataFrame:
+        nodes = self.node_set(step.alive)
         ctx = KernelContext(
-            nodes=self.node_set(step.alive),
+            nodes=nodes,
             node_orders={n: i.node_order for n, i in step.alive.items()},
             groups=groups,
             history_threshold=self.settings.rebalance.history_threshold,
             ids_as_strings=self.settings.affinity.ignite_ids_as_strings,
+            placements=_balanced_placements(groups, nodes, self.settings.affinity.balanced_spread),
         )
         spark = self.spark
         sizes = {g: s.partitions for g, s in groups.items()}
@@ -893,3 +908,10 @@ def _split_small(collected: pa.Table) -> tuple[dict[str, pa.Table], dict[str, in
         else -1
     return tables, counts
 
+
+def _balanced_placements(groups: Mapping[str, GroupSettings], nodes: NodeSet, spread: bool) -> dict[str, Any]:
+    """The replica matrices of the running ``balanced`` groups, placed together on the driver (the kernel's tasks
+    get them in their context: the placement is a function of every balanced group, not of one partition)."""
+    balanced = [BalancedGroup(s.name, s.partitions, s.backups, s.mode, s.exclude_neighbors, s.backup_filter)
+                for s in groups.values() if s.affinity == BALANCED]
+    return assign_balanced(balanced, nodes, spread=spread) if balanced and len(nodes) else {}

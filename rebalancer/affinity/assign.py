@@ -19,7 +19,7 @@ import numpy.typing as npt
 from rebalancer.affinity.ignite import assign_ignite
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.affinity.rendezvous import assign_rendezvous
-from rebalancer.vocabulary import AFFINITIES, MAX_PARTITIONS, MODES
+from rebalancer.vocabulary import AFFINITIES, BALANCED, MAX_PARTITIONS, MODES
 
 __all__ = [
     "AFFINITIES",
@@ -89,6 +89,11 @@ def assign_indexes(
     replicated = normalise_mode(mode) == "REPLICATED"
     excl = bool(exclude_neighbors)
     names = tuple(backup_filter or ())
+    if kind == BALANCED:
+        raise InvalidGroupSettingsError(
+            "the balanced affinity places every balanced group of a cluster together, not one group on its own: "
+            "call rebalancer.client.affinity.assign_balanced(groups, nodes, spread=...)"
+        )
     if kind == "ignite":
         return assign_ignite(partition_ids, nodes, backups, replicated, excl, names, ids_as_strings)
     return assign_rendezvous(partition_ids, nodes, backups, replicated, excl, names)

@@ -11,7 +11,8 @@ Contract:
   result.
 - Exact and deterministic: every partition's list is computed by the kernels of ``rebalancer.affinity.rendezvous``
   / ``.ignite`` through ``rebalancer.affinity.assign.assign_indexes``, the same call the pure client makes; Spark
-  partitioning and batch sizes never change a value.
+  partitioning and batch sizes never change a value. ``balanced`` groups are placed together on the driver by
+  ``rebalancer.affinity.balanced.assign_balanced`` (``settings.balanced_spread``), as the pure client does.
 
 How it runs: ``nodes`` and ``cache_groups`` are small dimension tables (thousands of rows at most), so they are
 collected to the driver once and shipped to the Python workers inside the ``mapInArrow`` closure. The work - one
@@ -39,8 +40,10 @@ from rebalancer.affinity.assign import (
     normalise_affinity,
     normalise_mode,
 )
+from rebalancer.affinity.balanced import BalancedGroup, assign_balanced
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.config import AffinitySettings
+from rebalancer.vocabulary import BALANCED
 
 __all__ = ["IDEAL_ASSIGNMENT_STAGE", "GroupAffinity", "ideal_assignment"]
 
@@ -188,13 +191,36 @@ def ideal_assignment(nodes_df: DataFrame, groups_df: DataFrame, settings: Affini
         rebalancer.affinity.nodeset.InvalidNodeSetError: duplicate node ids, invalid capacities or node UUIDs.
     """
     spark = nodes_df.sparkSession
-    nodes, groups = _collect_inputs(nodes_df, groups_df)
+    nodes, all_groups = _collect_inputs(nodes_df, groups_df)
+    groups = [g for g in all_groups if g.affinity != BALANCED]
+    balanced = [g for g in all_groups if g.affinity == BALANCED]
     total = sum(g.partitions for g in groups)
-    if len(nodes) == 0 or total == 0:
+    parts = []
+    if len(nodes) and balanced:
+        parts.append(spark.createDataFrame(_balanced_rows(nodes, balanced, settings.balanced_spread),
+                                           IDEAL_ASSIGNMENT_STAGE))
+    if len(nodes) and total:
+        chunk_rows = settings.arrow_batch_rows
+        chunks = -(-total // chunk_rows)
+        # spark.range's default slicing follows the session's default parallelism (one task per core locally).
+        parts.append(spark.range(chunks).mapInArrow(
+            _rank_chunks(nodes, groups, chunk_rows, settings.ignite_ids_as_strings), IDEAL_ASSIGNMENT_STAGE
+        ))
+    if not parts:
         return spark.createDataFrame([], IDEAL_ASSIGNMENT_STAGE)
-    chunk_rows = settings.arrow_batch_rows
-    chunks = -(-total // chunk_rows)
-    # spark.range's default slicing follows the session's default parallelism (one task per core locally).
-    return spark.range(chunks).mapInArrow(
-        _rank_chunks(nodes, groups, chunk_rows, settings.ignite_ids_as_strings), IDEAL_ASSIGNMENT_STAGE
-    )
+    return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+
+
+def _balanced_rows(nodes: NodeSet, groups: list[GroupAffinity], spread: bool) -> pa.Table:
+    """The ``balanced`` groups' rows, placed together on the driver (a function of every balanced group)."""
+    matrices = assign_balanced(
+        [BalancedGroup(g.group_name, g.partitions, g.backups, g.mode, g.exclude_neighbors, g.backup_filter)
+         for g in groups], nodes, spread=spread)
+    node_ids = pa.array(nodes.node_ids, type=pa.string())
+    tables = []
+    for name, matrix in sorted(matrices.items()):
+        rows, replica = np.nonzero(matrix >= 0)
+        tables.append(pa.table([pa.array(np.full(rows.size, name, dtype=object), pa.string()),
+                                pa.array(rows.astype(np.int32)), pa.array(replica.astype(np.int32)),
+                                node_ids.take(pa.array(matrix[rows, replica]))], schema=_ARROW_SCHEMA))
+    return pa.concat_tables(tables) if tables else _ARROW_SCHEMA.empty_table()

@@ -1,5 +1,7 @@
 """Ideal assignment for clients: which nodes hold each partition, with no Spark (see
-:mod:`rebalancer.affinity.assign`, whose functions this module re-exports for the client package)."""
+:mod:`rebalancer.affinity.assign` and :mod:`rebalancer.affinity.balanced`, whose functions this module re-exports
+for the client package). ``balanced`` groups are placed together: :func:`assign_balanced` with every balanced
+group of the cluster and the engine's ``affinity.balanced_spread``."""
 
 from __future__ import annotations
 
@@ -10,15 +12,22 @@ from rebalancer.affinity.assign import (
     normalise_affinity,
     normalise_mode,
 )
+from rebalancer.affinity.balanced import BalancedGroup, BalancedPlacement, assign_balanced, place_balanced
+from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.vocabulary import AFFINITIES, MAX_PARTITIONS, MODES
 
 __all__ = [
     "AFFINITIES",
     "MAX_PARTITIONS",
     "MODES",
+    "BalancedGroup",
+    "BalancedPlacement",
     "InvalidGroupSettingsError",
+    "NodeSet",
     "assign",
+    "assign_balanced",
     "assign_indexes",
     "normalise_affinity",
     "normalise_mode",
+    "place_balanced",
 ]

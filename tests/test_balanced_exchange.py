@@ -1,0 +1,76 @@
+"""The ``balanced`` affinity in the exchange: balanced groups placed together, as the Spark-free client places them;
+a failure re-places them, plans exactly the copies the new placement lacks and keeps every node within its cap."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rebalancer.client.affinity import BalancedGroup, InvalidGroupSettingsError, NodeSet, assign, place_balanced
+from tests.exchange_scenarios import Cluster
+
+BALANCED_GROUPS = [BalancedGroup("a", 48, 1), BalancedGroup("b", 48, 1), BalancedGroup("c", 20, 2)]
+SERVERS = [f"n{i}" for i in range(6)]
+
+
+def _node_set(c: Cluster, alive: list[str]) -> NodeSet:
+    rows = [r.asDict() for r in c.warehouse.read("nodes").collect() if r.node_id in alive]
+    return NodeSet.from_rows(rows)
+
+
+def _ideal(c: Cluster, version: tuple[int, int]) -> dict[str, list[list[str]]]:
+    lists: dict[str, dict[int, list[tuple[int, str]]]] = {}
+    for g, p, i, n in c.rows("ideal_assignment", version, "group_name", "partition_id", "replica_index", "node_id"):
+        lists.setdefault(g, {}).setdefault(p, []).append((i, n))
+    return {g: [[n for _, n in sorted(parts[p])] for p in sorted(parts)] for g, parts in lists.items()}
+
+
+def _client_lists(nodes: NodeSet, spread: bool) -> tuple[dict[str, list[list[str]]], Any]:
+    placed = place_balanced(BALANCED_GROUPS, nodes, spread=spread)
+    ids = nodes.node_ids
+    lists = {g: [[ids[i] for i in row if i >= 0] for row in m] for g, m in placed.matrices.items()}
+    return lists, placed
+
+
+@pytest.mark.parametrize("spread", [True, False])
+def test_balanced_groups_follow_the_client_through_a_failure(spark: Any, tmp_path: Path, spread: bool) -> None:
+    c = Cluster.create(spark, tmp_path / "w", affinity={"balanced_spread": spread})
+    for g in BALANCED_GROUPS:
+        c.group(g.name, g.partitions, g.backups, affinity="balanced")
+    c.group("r", 16, 1)  # a rendezvous group beside them keeps its own placement
+    c.join(*SERVERS)
+    [first] = c.exchange()
+    v1 = (first.topology_major, first.topology_minor)
+    before, _ = _client_lists(_node_set(c, SERVERS), spread)
+    ideal = _ideal(c, v1)
+    assert {g: ideal[g] for g in before} == before
+    assert ideal["r"] == assign(_node_set(c, SERVERS), 16, 1)
+
+    c.event("NODE_FAILED", "n2")
+    [failed] = c.exchange()
+    v2 = (failed.topology_major, failed.topology_minor)
+    survivors = [n for n in SERVERS if n != "n2"]
+    nodes = _node_set(c, survivors)
+    after, placed = _client_lists(nodes, spread)
+    ideal = _ideal(c, v2)
+    assert {g: ideal[g] for g in after} == after
+    # every survivor within its cap of replicas and primaries (the algorithm's bound, docs/AFFINITY.md)
+    replicas = Counter(n for g in after for row in after[g] for n in row)
+    primaries = Counter(row[0] for g in after for row in after[g])
+    for i, n in enumerate(nodes.node_ids):
+        assert replicas[n] <= placed.replica_cap[i] and primaries[n] <= placed.primary_cap[i], n
+    assert placed.overflow == 0 and placed.primary_overflow == 0
+    # the plan copies exactly the replicas of the new placement whose node held no copy (every copy of v1 OWNING)
+    plan = {(g, p, t) for g, p, a, t in c.rows("migration_plan", v2, "group_name", "partition_id", "action",
+                                                 "target_node") if a == "COPY"}
+    needed = {(g, p, n) for g in after for p, row in enumerate(after[g]) for n in row
+              if n not in before[g][p] or n == "n2"}
+    assert {k for k in plan if k[0] in after} == needed
+
+
+def test_a_balanced_group_cannot_be_placed_on_its_own() -> None:
+    with pytest.raises(InvalidGroupSettingsError, match="assign_balanced"):
+        assign(["n1", "n2", "n3"], 8, 1, affinity="balanced")
