@@ -83,14 +83,20 @@ def generate(
     partitions: Annotated[int, typer.Option(help="Partitions per group (1..65536).")] = 1024,
     backups: Annotated[int, typer.Option(help="Backups per partition.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same cluster.")] = 0,
+    affinity: Annotated[str, typer.Option(help="Every group's affinity: rendezvous, ignite or balanced.")] = (
+        "rendezvous"
+    ),
 ) -> None:
     """Replace the warehouse's inputs with a steady synthetic cluster (every ideal replica OWNING)."""
     from rebalancer.operations import generate_into
+    from rebalancer.vocabulary import AFFINITIES
 
+    if affinity not in AFFINITIES:  # before starting Spark
+        raise typer.BadParameter(f"must be one of {', '.join(AFFINITIES)}, got {affinity!r}", param_hint="--affinity")
     state = _state(ctx)
     with step(f"generating {nodes} nodes, {groups} groups x {partitions} partitions, {backups} backups"):
         counts = generate_into(
-            state.spark, state.warehouse, state.settings, nodes, groups, partitions, backups, seed
+            state.spark, state.warehouse, state.settings, nodes, groups, partitions, backups, seed, affinity
         )
     console.print(
         f"wrote {counts['nodes']} nodes, {counts['cache_groups']} cache groups, "

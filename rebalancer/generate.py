@@ -7,7 +7,7 @@ by Spark from the ideal assignment stage, so they never pass through the driver.
 Shape of a generated cluster (the defaults in ``conf/default.toml`` ``[generate]``):
 - nodes ``node0 .. node{N-1}``, join order 1..N, ``nodes_per_host`` servers per host ``host{k}``, attributes
   ``zone`` (round robin over ``zones``) and ``rack``, capacity 1.0, a deterministic ``node_uuid``;
-- groups ``group0 .. group{G-1}``: PARTITIONED, rendezvous affinity, READ_WRITE_SAFE, persistent;
+- groups ``group0 .. group{G-1}``: PARTITIONED, rendezvous affinity (or the one asked for), READ_WRITE_SAFE, persistent;
 - one NODE_JOINED event per node, in join order;
 - one OWNING report per ideal replica. A partition's copies agree on ``update_counter``, ``size`` and ``bytes``
   (they are consistent replicas); sizes vary per partition uniformly within +-50% of the mean; the counter is the
@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 from rebalancer.affinity.ideal import ideal_assignment
 from rebalancer.config import AffinitySettings, GenerateSettings
 from rebalancer.tables import CACHE_GROUPS, NODES, PARTITION_REPORTS, TOPOLOGY_EVENTS
+from rebalancer.vocabulary import AFFINITIES
 
 __all__ = ["GeneratedCluster", "generate_cluster"]
 
@@ -67,6 +68,8 @@ def generate_cluster(
     seed: int,
     settings: GenerateSettings | None = None,
     affinity: AffinitySettings | None = None,
+    *,
+    affinity_function: str = "rendezvous",
 ) -> GeneratedCluster:
     """Build a steady cluster.
 
@@ -79,6 +82,7 @@ def generate_cluster(
         seed: everything random derives from it.
         settings: sizes, zones and hosts; defaults as in ``conf/default.toml``.
         affinity: settings of the ideal assignment stage.
+        affinity_function: every group's ``cache_groups.affinity`` (``rendezvous``, ``ignite`` or ``balanced``).
 
     Returns:
         The input tables. Nothing is written; see ``rebalancer.storage`` for that.
@@ -96,6 +100,8 @@ def generate_cluster(
         raise ValueError(f"--partitions must be between 1 and 65536, got {partitions}")
     if backups < 0:
         raise ValueError(f"--backups must be 0 or more, got {backups}")
+    if affinity_function not in AFFINITIES:
+        raise ValueError(f"--affinity must be one of {', '.join(AFFINITIES)}, got {affinity_function!r}")
 
     rng = random.Random(seed)
     node_rows = [
@@ -112,7 +118,8 @@ def generate_cluster(
     ]
     nodes_df = spark.createDataFrame(node_rows, NODES)
     group_rows = [
-        (f"group{g}", partitions, backups, "PARTITIONED", "rendezvous", False, None, "READ_WRITE_SAFE", True, None)
+        (f"group{g}", partitions, backups, "PARTITIONED", affinity_function, False, None, "READ_WRITE_SAFE", True,
+         None)
         for g in range(groups)
     ]
     groups_df = spark.createDataFrame(group_rows, CACHE_GROUPS)

@@ -58,10 +58,12 @@ def generate_into(
     partitions: int,
     backups: int,
     seed: int,
+    affinity_function: str = "rendezvous",
 ) -> dict[str, int]:
     """Generate a steady cluster (see :mod:`rebalancer.generate`) and load it into ``warehouse``."""
     cluster = generate_cluster(
-        spark, nodes, groups, partitions, backups, seed, settings.generate, settings.affinity
+        spark, nodes, groups, partitions, backups, seed, settings.generate, settings.affinity,
+        affinity_function=affinity_function,
     )
     return load_generated_cluster(spark, warehouse, cluster)
 

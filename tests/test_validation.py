@@ -213,7 +213,8 @@ GROUP_ENUMS = case(
     ],
     rejected=[
         ("cache_groups", _mode, "mode 'partitioned' is not one of PARTITIONED, REPLICATED (null means PARTITIONED)"),
-        ("cache_groups", _affinity, "affinity 'fair' is not one of rendezvous, ignite (null means rendezvous)"),
+        ("cache_groups", _affinity,
+         "affinity 'fair' is not one of rendezvous, ignite, balanced (null means rendezvous)"),
         (
             "cache_groups",
             _policy,
