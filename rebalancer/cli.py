@@ -265,6 +265,34 @@ def report(
     console.print(f"wrote the report of version {data.version_text} ({data.exchange.exchange_type}) to {page}")
 
 
+@app.command()
+def balance(
+    ctx: typer.Context,
+    version: Annotated[
+        str | None,
+        typer.Option("--version", metavar="MAJOR.MINOR", help="Committed version to evaluate (default: the latest)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the whole evaluation as JSON.")] = False,
+    top: Annotated[int, typer.Option(help="Nodes listed: the most loaded ones, then the least loaded.")] = 10,
+) -> None:
+    """How even a committed placement is (replicas, primaries and bytes per node against capacity-weighted shares),
+    and what the balanced affinity would move to even it."""
+    import json
+
+    from rebalancer.balance import evaluate
+    from rebalancer.console import print_balance
+    from rebalancer.report import parse_version
+
+    wanted = None if version is None else parse_version(version)  # before starting Spark: a typo costs no JVM
+    state = _state(ctx)
+    with step("evaluating the balance"):
+        result = evaluate(state.warehouse, wanted, spread=state.settings.affinity.balanced_spread)
+    if as_json:
+        console.print_json(json.dumps(result.as_dict()))
+    else:
+        print_balance(result, top)
+
+
 def _one_sentence(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     first = text.splitlines()[0]

@@ -17,6 +17,7 @@ from rich.table import Table
 __all__ = [
     "console",
     "err_console",
+    "print_balance",
     "print_round",
     "print_rows",
     "print_stability",
@@ -85,6 +86,27 @@ def print_stability(status: Any) -> None:
             f"{status.lost_partitions:,} lost partitions"
             + (" (run `event RESET_LOST_PARTITIONS --group G` to recover them)" if status.lost_partitions else "")
         )
+
+
+def print_balance(report: Any, top: int) -> None:
+    """Print a ``rebalancer.balance.BalanceReport``: the most and least loaded nodes, the ratios, the alternative."""
+    nodes = report.nodes
+    shown = nodes if len(nodes) <= 2 * top else nodes[:top] + nodes[-max(1, top // 2):]
+    table = Table(show_header=True, header_style="bold", box=None, title_justify="left",
+                  title=f"version {report.version[0]}.{report.version[1]}: {len(nodes)} servers, most loaded first "
+                  "(ratio = count / capacity-weighted share)")
+    for name in ("node", "capacity", "replicas", "ratio", "primaries", "ratio", "GiB", "ratio"):
+        table.add_column(name, justify="left" if name == "node" else "right", no_wrap=True)
+    for i, n in enumerate(shown):
+        if len(shown) < len(nodes) and i == top:
+            table.add_row("...", *[""] * 7)
+        table.add_row(n.node_id, f"{n.capacity:g}", f"{n.replicas:,}", f"{n.replica_ratio:.3f}", f"{n.primaries:,}",
+                      f"{n.primary_ratio:.3f}", f"{n.bytes / 2**30:,.1f}", f"{n.bytes_ratio:.3f}")
+    console.print(table)
+    console.print(f"most loaded / share: replicas {report.replica_ratio:.3f}, primaries {report.primary_ratio:.3f}, "
+                  f"bytes {report.bytes_ratio:.3f}; servers with no replica: {report.idle_servers}")
+    console.print(f"the balanced affinity would place {report.balanced_copies:,} copies elsewhere and reach "
+                  f"replicas {report.balanced_replica_ratio:.3f}, primaries {report.balanced_primary_ratio:.3f}")
 
 
 def print_rows(columns: list[str], rows: list[tuple[Any, ...]], limit: int) -> None:
