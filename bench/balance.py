@@ -237,7 +237,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/balance.json")
     parser.add_argument("--image", type=Path, default=REPO / "docs/images/balance-affinities.png")
     parser.add_argument("--from-results", type=Path, help="print the table and draw the plot of a results file")
+    parser.add_argument("--tiny", action="store_true", help="S and M only, one timed run (trying it out)")
     args = parser.parse_args()
+    if args.tiny:
+        args.only, args.runs = args.only or "S,M", 1
     if args.from_results:
         saved = json.loads(args.from_results.read_text())["rows"]
         print(table(saved))

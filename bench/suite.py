@@ -69,6 +69,8 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 BEFORE = RESULTS / "before-kernel.json"
 NOTES = RESULTS / "targets-notes.md"
+# Sections measured outside this suite, kept as Markdown and appended to the page as they are (bench/schedule.py).
+HAND_SECTIONS = (RESULTS / "schedule-section.md",)
 DOC = REPO / "docs" / "BENCHMARKS.md"
 IMAGES = REPO / "docs" / "images"
 TIME_PLOT = "bench-time-vs-replicas.png"
@@ -78,7 +80,7 @@ SEED = 20_261_121
 CAPS = (1, 2, 5, 10, 20)
 SCENARIO_ORDER = ("S", "M", "L", "XL", "XXL")
 NICE_SECONDS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800, 3600, 7200)
-OTHER_BENCHMARKS = ("migrations", "affinity", "demo")
+OTHER_BENCHMARKS = ("migrations", "affinity", "balance", "demo")
 GIB = 2**30
 #: Issue 13's targets: whole-process and warm seconds per scenario, jobs per exchange, memory, the demo.
 WHOLE_PROCESS_S = {"S": 8.0, "M": 12.0, "XL": 30.0, "XXL": 90.0}
@@ -241,6 +243,11 @@ def run_changes(changes: list[Change], args: argparse.Namespace, work: Path, sav
     return entries
 
 
+def reused(args: argparse.Namespace) -> dict[str, Path | None]:
+    """The other benchmarks whose results may be given instead of run (``--<name>-from FILE``)."""
+    return {"migrations": args.migrations_from, "affinity": args.affinity_from, "balance": args.balance_from}
+
+
 def run_other(name: str, work: Path, reuse: Path | None, tiny: bool) -> dict[str, Any]:
     """bench/migrations.py, bench/affinity.py or the demo in a subprocess (or an earlier result file of it)."""
     if reuse is not None:
@@ -317,8 +324,7 @@ def machine_facts() -> dict[str, Any]:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     changes, others = select(scenario_changes(args.tiny), args.only)
     # a benchmark whose results are given (--migrations-from, --affinity-from) is included even if --only omits it
-    others += [name for name, given in (("migrations", args.migrations_from), ("affinity", args.affinity_from))
-               if given is not None and name not in others]
+    others += [name for name, given in reused(args).items() if given is not None and name not in others]
     started = time.time()
     results: dict[str, Any] = {
         "suite": {
@@ -346,7 +352,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         if changes:
             run_changes(changes, args, work, save)
         for name in others:
-            reuse = {"migrations": args.migrations_from, "affinity": args.affinity_from}.get(name)
+            reuse = reused(args).get(name)
             results[name] = run_other(name, work, reuse, args.tiny)
             save()
     results["suite"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -573,6 +579,26 @@ def migrations_table(data: dict[str, Any]) -> list[str]:
             f"by {data.get('planned_by', 'the planner (Spark)')}.", "",
             *table(["scenario", "cap", "data-bearing copies (minimum)", "promotes / drops", "TB moved", "ours",
                     "lower bound", "ours / bound", "hazelcast", "hazelcast / ours", "serial"], rows)]
+
+
+def balance_table(data: dict[str, Any]) -> list[str]:
+    def moved(count: int, minimum: int) -> str:
+        return f"{count:,} / {minimum:,} ({100 * (count - minimum) / minimum:+.1f} %)" if minimum else f"{count:,} / 0"
+
+    rows = []
+    for r in data["rows"]:
+        e = r["after_failure"]
+        rows.append([r["scenario"], r["affinity"], f"{e['replicas_max']:,} / {e['replicas_mean']:,.1f} / "
+                     f"{e['replicas_min']:,} ({e['replicas_ratio']:.3f})", f"{e['primaries_max']:,} / "
+                     f"{e['primaries_mean']:,.1f} / {e['primaries_min']:,} ({e['primaries_ratio']:.3f})",
+                     moved(r["failure_moved"], r["failure_minimum"]), moved(r["join_moved"], r["join_minimum"]),
+                     f"{r['seconds']:.2f} s ({r['seconds_min']:.2f} s)"])
+    rel = os.path.relpath(IMAGES / "balance-affinities.png", DOC.parent)
+    return [f"Measured {data.get('date', 'undated')}: {data.get('machine', '')}; {data.get('versions', '')}.", "",
+            *table(["scenario", "affinity", "replicas per node after the failure: max / mean / min (max/mean)",
+                    "primaries: max / mean / min (max/mean)", "failure: copies moved / minimum",
+                    "join: copies moved / minimum", "ranking time, median (min)"], rows),
+            "", f"![evenness and movement of rendezvous, ignite and balanced]({rel})"]
 
 
 def affinity_table(data: dict[str, Any]) -> list[str]:
@@ -848,6 +874,11 @@ def render(results: dict[str, Any], images: Path | None, source: str, before: Be
         ("affinity", "Ideal assignment stage (`bench/affinity.py`)", affinity_table,
          "The ideal-assignment stage in a warm local session beside its NumPy kernel on one core, 2 backups "
          "(docs/AFFINITY.md)."),
+        ("balance", "Affinities side by side: evenness and movement (`bench/balance.py`)", balance_table,
+         "The scenarios' clusters placed by `rendezvous`, `ignite` and `balanced` (spread and collocate), one failure "
+         "(`node{N/2}`) and one join (`node{N}`) each, no Spark: replicas and primaries per node after the failure, "
+         "copies moved against the minimum (the failed node's copies; the joiner's fair share), and the ranking time "
+         "of the whole scenario on one core (docs/AFFINITY.md explains the algorithm and the bounds)."),
         ("demo", "The demo (`rebalancer demo`)", demo_table, "The whole process, as `make demo` runs it after the "
          "install."),
     ):
@@ -873,6 +904,7 @@ def render(results: dict[str, Any], images: Path | None, source: str, before: Be
     failed += [{"key": n, **results[n]} for n in OTHER_BENCHMARKS if (results.get(n) or {}).get("error")]
     if failed:
         lines += ["## Failed", "", *(f"- {c['key']}: `{c['error'].splitlines()[0]}`" for c in failed), ""]
+    lines += [section.read_text().rstrip("\n") + "\n" for section in HAND_SECTIONS if section.exists()]
     return "\n".join(lines)
 
 
@@ -1010,6 +1042,8 @@ def main() -> None:
                         help="use this bench/migrations.py result instead of running it")
     parser.add_argument("--affinity-from", type=Path, default=None, metavar="FILE",
                         help="use this bench/affinity.py result instead of running it")
+    parser.add_argument("--balance-from", type=Path, default=None, metavar="FILE",
+                        help="use this bench/balance.py result instead of running it")
     parser.add_argument("--from-results", nargs="?", type=Path, const=RESULTS / "latest.json", default=None,
                         metavar="FILE", help="only regenerate the page and plots from FILE (default latest.json)")
     parser.add_argument("--merge", nargs="+", type=Path, default=[], metavar="FILE",
@@ -1029,7 +1063,7 @@ def main() -> None:
         results = json.loads(args.from_results.read_text())
         if args.merge:
             results = merge(results, [json.loads(path.read_text()) for path in args.merge])
-        for name, reuse in (("migrations", args.migrations_from), ("affinity", args.affinity_from)):
+        for name, reuse in reused(args).items():
             if reuse is not None:  # add or replace that benchmark's section
                 results[name] = run_other(name, Path(), reuse, False)
         if args.out is not None:
