@@ -11,6 +11,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test,dev]"
+	# The Delta Lake jars for the delta-spark engine, from Maven Central (needs mvn; without it delta-rs is used).
+	$(PY) -m rebalancer.delta_jars
 	# A class-data archive of the classes every Spark start loads: sessions start about 1.5 s sooner.
 	$(PY) -m rebalancer.warmup
 	@touch $(STAMP)

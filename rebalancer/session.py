@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from rebalancer import delta_jars
 from rebalancer.config import SparkSettings
 
 __all__ = ["CLASS_ARCHIVE", "LOCAL_SPARK_CONF", "get_spark", "java_options"]
@@ -55,12 +56,16 @@ LOCAL_SPARK_CONF: dict[str, str] = {
 }
 
 
-def get_spark(settings: SparkSettings | None = None, extra_conf: dict[str, str] | None = None) -> SparkSession:
+def get_spark(
+    settings: SparkSettings | None = None, extra_conf: dict[str, str] | None = None, *, delta: bool = False
+) -> SparkSession:
     """The active SparkSession, or a new local one built from ``settings``.
 
     Args:
         settings: master, app name, shuffle partitions and driver memory for a new session.
         extra_conf: more Spark settings for a new session (ignored when a session already exists).
+        delta: put the Delta jars fetched at install (``rebalancer.delta_jars``), the Delta SQL extension and
+            catalog into a new session; without fetched jars the session is built without them.
     """
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -82,7 +87,8 @@ def get_spark(settings: SparkSettings | None = None, extra_conf: dict[str, str] 
         .config("spark.driver.memory", settings.driver_memory)
         .config("spark.sql.adaptive.enabled", str(settings.adaptive).lower())
     )
-    conf = {**LOCAL_SPARK_CONF, "spark.driver.extraJavaOptions": java_options("use"), **(extra_conf or {})}
+    conf = {**LOCAL_SPARK_CONF, "spark.driver.extraJavaOptions": java_options("use"),
+            **(delta_jars.session_conf() if delta else {}), **(extra_conf or {})}
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -33,7 +33,8 @@ class Workspace:
             with self.starting("starting Spark"):
                 from rebalancer.session import get_spark
 
-                self._spark = get_spark(self.settings.spark)
+                # The Delta jars go into sessions rebalancer builds only when the delta-spark engine is asked for.
+                self._spark = get_spark(self.settings.spark, delta=self.settings.storage.engine == "delta-spark")
         return self._spark
 
     @property

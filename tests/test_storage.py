@@ -164,7 +164,8 @@ def test_explicit_delta_spark_without_jars_says_how_to_add_them(spark: SparkSess
     with pytest.raises(EngineUnavailableError) as info:
         open_warehouse(spark, StorageSettings(engine="delta-spark"))
     message = str(info.value)
-    assert "spark-submit --packages io.delta:delta-spark_2.13:4." in message
+    assert "spark-submit --packages io.delta:delta-spark_2.13:4.4.0" in message
+    assert "python -m rebalancer.delta_jars" in message
     assert "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension" in message
     assert "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog" in message
 

@@ -8,11 +8,11 @@ sessions have no JVM handle, so they resolve the ``delta`` data source and look 
 from __future__ import annotations
 
 import uuid
-from importlib import metadata
 
 from pyspark.sql import SparkSession
 
 from rebalancer.config import StorageSettings
+from rebalancer.delta_jars import DELTA_ARTIFACT
 from rebalancer.storage.errors import EngineUnavailableError
 
 __all__ = ["DELTA_CLASS", "delta_classes_available", "install_hint", "probe_delta_format", "resolve_engine"]
@@ -24,21 +24,13 @@ _EXTENSION_CONFS = (
 )
 
 
-def _delta_version() -> str:
-    """The Delta jar version matching the installed delta-spark Python package (the two must agree)."""
-    try:
-        return metadata.version("delta-spark")
-    except metadata.PackageNotFoundError:
-        return "4.x"
-
-
 def install_hint() -> str:
     """How to put Delta into a Spark session: the ``spark-submit`` options, ready to paste.
 
     Returns:
-        e.g. ``spark-submit --packages io.delta:delta-spark_2.13:4.4.1 --conf spark.sql.extensions=... --conf ...``.
+        e.g. ``spark-submit --packages io.delta:delta-spark_2.13:4.4.0 --conf spark.sql.extensions=... --conf ...``.
     """
-    return f"spark-submit --packages io.delta:delta-spark_2.13:{_delta_version()} {_EXTENSION_CONFS}"
+    return f"spark-submit --packages {':'.join(DELTA_ARTIFACT)} {_EXTENSION_CONFS}"
 
 
 def probe_delta_format(spark: SparkSession) -> bool:
@@ -111,8 +103,8 @@ def resolve_engine(spark: SparkSession, settings: StorageSettings) -> str:
     if settings.engine == "delta-spark":
         raise EngineUnavailableError(
             f"storage.engine = 'delta-spark' but {DELTA_CLASS} is not in this Spark session; start it with "
-            f"`{install_hint()}` (or the same settings in your cluster configuration), or set storage.engine = "
-            f"'delta-rs'."
+            f"`{install_hint()}` (or the same settings in your cluster configuration; sessions rebalancer builds "
+            f"include the jars that `python -m rebalancer.delta_jars` fetched), or set storage.engine = 'delta-rs'."
         )
     if settings.catalog_prefix:
         raise EngineUnavailableError(

@@ -1,0 +1,73 @@
+"""The delta-spark engine, for real: Delta Lake's jars (fetched from Maven Central at install), a session of its own
+in a subprocess, the same story as on delta-rs with identical committed rows; its tables stay plain Delta and the
+delta-rs engine continues the warehouse where delta-spark left it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import deltalake
+import pytest
+
+from rebalancer import delta_jars
+from rebalancer.config import Settings
+from rebalancer.pipeline import run_exchange
+from rebalancer.producers import append_event
+from rebalancer.storage import open_warehouse
+from rebalancer.tables import SCHEMAS
+from tests.engine_scenario import COMPARED, run_story
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.skipif(
+    not delta_jars.jars(),
+    reason="delta-spark tests skipped: the Delta jars are not fetched (make install runs python -m "
+    "rebalancer.delta_jars, which needs mvn and Maven Central)",
+)
+
+
+@pytest.fixture(scope="module")
+def delta_spark_story(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    work = tmp_path_factory.mktemp("delta-spark")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.engine_scenario", "delta-spark", str(work / "w"), str(work / "story.json")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return work / "w", json.loads((work / "story.json").read_text())
+
+
+def test_delta_spark_commits_the_rows_delta_rs_commits(spark: Any, delta_spark_story: Any, tmp_path: Path) -> None:
+    warehouse, on_delta_spark = delta_spark_story
+    assert on_delta_spark["engine"] == "delta-spark"
+    on_delta_rs = run_story(spark, "delta-rs", tmp_path / "w")
+    assert on_delta_rs["engine"] == "delta-rs"
+    for name in COMPARED:
+        assert on_delta_spark[name] == on_delta_rs[name], name
+    assert len(on_delta_spark["migration_plan"]) > 0 and len(on_delta_spark["exchanges"]) == 2
+
+    # delta-rs continues both warehouses with the same event: the same rows again
+    continued = []
+    for path in (warehouse, tmp_path / "w"):
+        settings = Settings().with_overrides(storage={"warehouse": str(path), "engine": "delta-rs"})
+        wh = open_warehouse(spark, settings.storage)
+        append_event(spark, wh, "NODE_JOINED", node_id="node1")
+        [summary] = run_exchange(spark, wh, settings)
+        assert (summary.topology_major, summary.exchange_type) == (6, "ALL")
+        where = f"topology_major = 6 AND topology_minor = {summary.topology_minor}"
+        continued.append({name: sorted(map(tuple, wh.read(name).where(where).collect()), key=repr)
+                          for name in ("ideal_assignment", "affinity_assignment", "partition_map")})
+    assert continued[0] == continued[1]
+
+
+def test_delta_spark_tables_stay_plain_delta(delta_spark_story: Any) -> None:
+    warehouse, _ = delta_spark_story
+    for name in SCHEMAS:
+        protocol = deltalake.DeltaTable(str(warehouse / name)).protocol()
+        assert (protocol.min_reader_version, protocol.min_writer_version) == (1, 2), name
+        assert not protocol.reader_features and not protocol.writer_features, name
