@@ -1,12 +1,14 @@
 """The ``rebalancer`` command line: a thin layer over :mod:`rebalancer.operations`.
 
-Errors print one sentence (``error: ...``) and exit 1; set ``REBALANCER_DEBUG=1`` for the full traceback.
+Errors print one sentence (``error: ...``; for an error raised in the JVM, its innermost Java cause) and exit 1;
+``--verbose`` prints the full traceback before it, ``REBALANCER_DEBUG=1`` re-raises.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -53,7 +55,11 @@ def _global_options(
             "and going on (sets validation.strict = true).",
         ),
     ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", help="On an error, print the whole traceback before its one sentence.")
+    ] = False,
 ) -> None:
+    _ERRORS.verbose = verbose
     settings = load_settings(conf)
     if warehouse is not None:
         settings = settings.with_overrides(storage={"warehouse": warehouse})
@@ -293,8 +299,32 @@ def balance(
         print_balance(result, top)
 
 
+class _ErrorOptions:
+    verbose = False
+
+
+_ERRORS = _ErrorOptions()
+
+
+def _root_cause(exc: BaseException) -> str | None:
+    """For an error raised in the JVM (py4j's ``Py4JJavaError``): the innermost Java cause as ``Class: message``,
+    the sentence a person can act on (its own first line is only "An error occurred while calling o123.save")."""
+    java = getattr(exc, "java_exception", None)
+    if java is None:
+        return None
+    try:
+        cause = java
+        while cause.getCause() is not None and not cause.getCause().equals(cause):
+            cause = cause.getCause()
+        message = cause.getMessage()
+        name = cause.getClass().getSimpleName()
+    except Exception:  # noqa: BLE001 - the JVM may be gone; fall back to the Python text
+        return None
+    return f"{name}: {message}" if message else str(name)
+
+
 def _one_sentence(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
+    text = _root_cause(exc) or str(exc).strip() or type(exc).__name__
     first = text.splitlines()[0]
     # Spark errors carry a JVM stack trace after the first line; the first line is the sentence a person needs.
     return first if len(first) <= 400 else first[:400] + "..."
@@ -312,6 +342,8 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if os.environ.get("REBALANCER_DEBUG"):
             raise
+        if _ERRORS.verbose:
+            err_console.print(traceback.format_exc(), markup=False, soft_wrap=True)
         err_console.print(f"error: {_one_sentence(exc)}", markup=False, soft_wrap=True)
         sys.exit(1)
 

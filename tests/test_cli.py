@@ -139,3 +139,30 @@ def test_demo_ends_with_a_converged_twin(spark: Any, tmp_path: Path, capsys: Any
     assert (tmp_path / "report" / "report.html").exists() and "where to look next" in out
     assert "exchange 2 -> version 5.0" in out and "exchange 3 -> version 6.0" in out  # node3 fails, node4 joins
     assert "twin round on version 6.0" in out and "stable at version 6." in out
+
+
+def test_an_error_raised_in_the_jvm_is_its_innermost_java_cause(spark: Any) -> None:
+    from py4j.protocol import Py4JJavaError
+
+    from rebalancer.cli import _one_sentence
+
+    with pytest.raises(Py4JJavaError) as info:  # an exception pyspark does not convert to a Python one
+        spark._jvm.java.lang.Class.forName("no.such.Codec")
+    assert str(info.value).startswith("An error occurred while calling")  # what a person would have seen
+    assert _one_sentence(info.value) == "ClassNotFoundException: no.such.Codec"
+
+    jvm = spark._jvm
+    wrapped = jvm.java.lang.RuntimeException("Job aborted", jvm.java.lang.IllegalStateException("disk full"))
+
+    class Wrapped(Exception):
+        java_exception = wrapped
+
+    assert _one_sentence(Wrapped("An error occurred while calling o123.save")) == "IllegalStateException: disk full"
+
+
+def test_verbose_prints_the_traceback_before_the_sentence(spark: Any, tmp_path: Path, capsys: Any) -> None:
+    code, _, err = run(capsys, "--verbose", "--warehouse", str(tmp_path / "w"), "sql", "SELEC nonsense")
+    assert code == 1
+    assert "Traceback" in err and err.rstrip().splitlines()[-1].startswith("error: ")
+    code, _, err = run(capsys, "--warehouse", str(tmp_path / "w"), "sql", "SELEC nonsense")
+    assert code == 1 and "Traceback" not in err
