@@ -38,7 +38,7 @@ from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.affinity.rendezvous import (
     Workspace,
     batch_size,
-    node_seeds,
+    ranked_nodes,
     rendezvous_weights,
     select_replicas,
 )
@@ -170,14 +170,9 @@ class _Columns:
 
 
 def _columns(nodes: NodeSet) -> _Columns:
-    perm = np.array(sorted(range(len(nodes)), key=lambda i: nodes.node_ids[i]), dtype=np.intp)
-    return _Columns(
-        perm=perm,
-        seeds=node_seeds([nodes.node_ids[i] for i in perm]),
-        capacities=np.array([nodes.capacities[i] for i in perm], dtype=np.float64),
-        uniform=nodes.uniform_capacity,
-        hosts=nodes.host_classes()[perm],
-    )
+    ranked = ranked_nodes(nodes)  # the rendezvous ranking's own columns (and its cache on the node set)
+    return _Columns(perm=ranked.perm, seeds=ranked.seeds, capacities=ranked.capacities, uniform=ranked.uniform,
+                    hosts=nodes.host_classes()[ranked.perm])
 
 
 def _filter_classes(nodes: NodeSet, cols: _Columns, names: tuple[str, ...]) -> npt.NDArray[np.int32]:

@@ -47,11 +47,13 @@ from rebalancer.hashing import murmur3_32, murmur3_32_u32_block
 
 __all__ = [
     "ClassConstraint",
+    "RankedNodes",
     "Workspace",
     "assign_rendezvous",
     "batch_size",
     "node_seed",
     "node_seeds",
+    "ranked_nodes",
     "rendezvous_weights",
     "select_replicas",
     "weight",
@@ -351,7 +353,7 @@ def batch_size(nodes: int) -> int:
 # Rendezvous affinity
 # ---------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class _Prepared:
+class RankedNodes:
     """Per node set: columns in node_id order (the tie rule), their seeds and capacities."""
 
     perm: npt.NDArray[np.intp]  # column -> index into the NodeSet
@@ -360,9 +362,15 @@ class _Prepared:
     uniform: bool
 
 
-def _prepare(nodes: NodeSet) -> _Prepared:
+def ranked_nodes(nodes: NodeSet) -> RankedNodes:
+    """The ranking's columns of ``nodes``, computed once per node set (the rendezvous and balanced rankings)."""
+    result: RankedNodes = nodes.derived("rendezvous", _prepare)
+    return result
+
+
+def _prepare(nodes: NodeSet) -> RankedNodes:
     perm = np.array(sorted(range(len(nodes)), key=lambda i: nodes.node_ids[i]), dtype=np.intp)
-    return _Prepared(
+    return RankedNodes(
         perm=perm,
         seeds=node_seeds([nodes.node_ids[i] for i in perm]),
         capacities=np.array([nodes.capacities[i] for i in perm], dtype=np.float64),
@@ -370,7 +378,7 @@ def _prepare(nodes: NodeSet) -> _Prepared:
     )
 
 
-def _rendezvous_keys(pids: npt.NDArray[np.int64], prep: _Prepared, ws: Workspace) -> np.ndarray:
+def _rendezvous_keys(pids: npt.NDArray[np.int64], prep: RankedNodes, ws: Workspace) -> np.ndarray:
     """Smaller-is-better keys: ~weight (uint32) when unweighted, else -score = capacity / ln(u) (float64)."""
     w = rendezvous_weights(pids, prep.seeds, ws)
     if prep.uniform:
@@ -425,7 +433,7 @@ def assign_rendezvous(
     out = np.full((pids.size, replicas), -1, dtype=np.int32)
     if n == 0 or pids.size == 0:
         return out
-    prep: _Prepared = nodes.derived("rendezvous", _prepare)
+    prep = ranked_nodes(nodes)
     constraint, fill = None, None
     if not replicated:
         distinct: list[npt.NDArray[np.int32]] = []
