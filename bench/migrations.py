@@ -180,16 +180,19 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         for cap, c in r["caps"].items():
+            t = {k: duration_text(c[k]) for k in ("ours_makespan_s", "lower_bound_s", "hazelcast_makespan_s",
+                                                  "serial_makespan_s")}
             lines.append(
                 f"| {r['scenario']} | {cap} | {r['copies']:,} ({r['minimum_copies']:,}) | "
                 f"{r['promotes']:,} / {r['drops']:,} | {r['bytes_moved'] / 1e12:.2f} | "
-                f"{_t(c['ours_makespan_s'])} | {_t(c['lower_bound_s'])} | {c['ours_over_bound']:.3f} | "
-                f"{_t(c['hazelcast_makespan_s'])} | {c['hazelcast_over_ours']:.1f}x | {_t(c['serial_makespan_s'])} |"
+                f"{t['ours_makespan_s']} | {t['lower_bound_s']} | {c['ours_over_bound']:.3f} | "
+                f"{t['hazelcast_makespan_s']} | {c['hazelcast_over_ours']:.1f}x | {t['serial_makespan_s']} |"
             )
     return "\n".join(lines)
 
 
-def _t(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
+    """Seconds for a table: ``2m49.7s``, ``57.6s``."""
     m, s = divmod(seconds, 60)
     return f"{int(m)}m{s:04.1f}s" if m else f"{s:.1f}s"
 

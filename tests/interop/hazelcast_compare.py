@@ -23,27 +23,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+# The cluster of bench/migrations.py (205 MB partitions, one counter, every copy OWNING) and its kernel input.
+from bench.migrations import GROUP, PARTITION_BYTES, Layout, duration_text, kernel_input, minimum_copies
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.client.affinity import assign
 from rebalancer.config import MigrationSettings
-from rebalancer.exchange.kernel import (
-    ASSIGNMENT,
-    INPUT_SCHEMA,
-    MAP,
-    PARTITION,
-    VERSION,
-    GroupSettings,
-    KernelContext,
-    decide,
-)
+from rebalancer.exchange.kernel import GroupSettings, KernelContext, decide
 from rebalancer.planning.plan import cost_model, finish_plan
 from rebalancer.planning.schedule import PLAN_INPUT_SCHEMA, lower_bound, makespan, schedule
-from rebalancer.vocabulary import OWNING
-
-GROUP = "hz"
-PARTITION_BYTES = 205_000_000  # the benchmark's 4.1 TB over 20,000 partitions (docs/PLANNING.md)
-ENTRIES, COUNTER = 200_000, 1_000
-Layout = list[list[str]]
 
 
 def benchmark_script(partitions: int, backups: int = 1, members: int = 10) -> dict[str, Any]:
@@ -108,11 +95,6 @@ def data_layout(layout: Layout, backups: int) -> Layout:
     return [[n for n in row[: backups + 1] if n is not None] for row in layout]
 
 
-def minimum_copies(before: Layout, after: Layout, alive: set[str]) -> int:
-    """Copies any plan must make: replicas of ``after`` whose member holds no data of the partition (or is gone)."""
-    return sum(1 for p, nodes in enumerate(after) for n in nodes if n not in before[p] or n not in alive)
-
-
 @dataclass(frozen=True)
 class PlanFigures:
     """One plan under rebalancer's cost model (cap = ``migration.max_parallel_per_node``)."""
@@ -123,21 +105,6 @@ class PlanFigures:
     steps: int
     makespan_s: float
     lower_bound_s: float
-
-
-def _kernel_input(before: Layout) -> pa.Table:
-    """The kernel's rows: every partition's marker, Hazelcast's data replicas as OWNING copies at one counter (on
-    alive and gone members alike), the previous assignment (the same lists) and the previous version (1)."""
-    rows: list[dict[str, Any]] = []
-    for p, nodes in enumerate(before):
-        rows.append({"kind": PARTITION, "group_name": GROUP, "partition_id": p})
-        for i, n in enumerate(nodes):
-            rows.append({"kind": MAP, "group_name": GROUP, "partition_id": p, "node_id": n, "state": OWNING,
-                         "update_counter": COUNTER, "size": ENTRIES, "bytes": PARTITION_BYTES})
-            rows.append({"kind": ASSIGNMENT, "group_name": GROUP, "partition_id": p, "node_id": n,
-                         "replica_index": i, "is_temporary": False})
-        rows.append({"kind": VERSION, "group_name": GROUP, "partition_id": p, "partition_version": 1})
-    return pa.Table.from_pylist(rows, schema=INPUT_SCHEMA)
 
 
 def _our_plan(before: Layout, after: Layout, alive: list[str], backups: int) -> pa.Table:
@@ -152,7 +119,7 @@ def _our_plan(before: Layout, after: Layout, alive: list[str], backups: int) -> 
     ctx = KernelContext(nodes, {n: i + 1 for i, n in enumerate(nodes.node_ids)},
                         {GROUP: GroupSettings(GROUP, len(after), backups)}, history_threshold=500,
                         placements={GROUP: target})
-    return finish_plan(decide(_kernel_input(before), ctx).steps, MigrationSettings())  # decide checks invariants
+    return finish_plan(decide(kernel_input(before), ctx).steps, MigrationSettings())  # decide checks invariants
 
 
 def _figures(plan: pa.Table, policy: str, cap: int) -> PlanFigures:
@@ -245,12 +212,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['scenario']} | {r['partitions']:,} | {hz['migrations']:,} (+ {hz['promotions']:,}) | {kinds} | "
             f"{hz['data_bearing']:,} | {same['copies']:,} / {same['promotes']:,} / {same['drops']:,} = "
-            f"{same['steps']:,} | {own['copies']:,} / {own['steps']:,} | {_t(hzp['makespan_s'])} | "
-            f"{_t(same['makespan_s'])} | {_t(own['makespan_s'])} |"
+            f"{same['steps']:,} | {own['copies']:,} / {own['steps']:,} | {duration_text(hzp['makespan_s'])} | "
+            f"{duration_text(same['makespan_s'])} | {duration_text(own['makespan_s'])} |"
         )
     return "\n".join(lines)
 
-
-def _t(seconds: float) -> str:
-    minutes, sec = divmod(seconds, 60)
-    return f"{int(minutes)}m{sec:04.1f}s" if minutes else f"{sec:.1f}s"
