@@ -31,6 +31,7 @@ from rebalancer.affinity.balanced import BalancedGroup, place_balanced
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.inputs import latest_version
 from rebalancer.storage import Warehouse
+from rebalancer.tables import version_where
 from rebalancer.vocabulary import OWNING, REPLICATED
 
 __all__ = ["BalanceReport", "NodeBalance", "evaluate"]
@@ -109,10 +110,6 @@ def _ratio(count: float, share: float) -> float:
     return count / share if share > 0 else (0.0 if count == 0 else float("inf"))
 
 
-def _at(version: tuple[int, int]) -> dict[str, int]:
-    return {"topology_major": version[0], "topology_minor": version[1]}
-
-
 def _counts(node_ids: list[str], column: pa.ChunkedArray) -> npt.NDArray[np.int64]:
     """Occurrences of each of ``node_ids`` in ``column``."""
     counts = {r["values"]: r["counts"] for r in pc.value_counts(column).to_pylist()}
@@ -138,7 +135,7 @@ def evaluate(warehouse: Warehouse, version: tuple[int, int] | None = None, sprea
     if latest is None:
         raise LookupError("nothing to evaluate: no exchange has been committed yet (run `rebalancer exchange`)")
     version = version or latest
-    where = _at(version)
+    where = version_where(version)
     topology = warehouse.read_arrow("topology", where=where)
     if topology.num_rows == 0:
         raise LookupError(f"version {version[0]}.{version[1]} is not a committed version")

@@ -75,7 +75,7 @@ from rebalancer.inputs import (
 from rebalancer.planning.plan import finish_plan, schedule_plan
 from rebalancer.storage import Warehouse
 from rebalancer.storage.base import sql_literal
-from rebalancer.tables import EXCHANGES, OUTPUT_TABLES, REJECTED_ROWS, TOPOLOGY, VERSION_COLUMNS
+from rebalancer.tables import EXCHANGES, OUTPUT_TABLES, REJECTED_ROWS, TOPOLOGY, VERSION_COLUMNS, version_where
 from rebalancer.validation import Consumer, InvalidInputError
 from rebalancer.vocabulary import (
     BALANCED,
@@ -486,7 +486,7 @@ class _Run:
             if min(backups + 1, len(servers_before)) != min(backups + 1, len(servers_now)):
                 full.add(g)
         keys: set[tuple[str, int]] = set()
-        where = _at(prev.version)
+        where = version_where(prev.version)
         for name in ("migration_plan", "lost_partitions", "counter_conflicts"):
             t = self.warehouse.read_arrow(name, where=where).select(list(PARTITION_KEY))
             keys |= _pairs(t)
@@ -620,7 +620,7 @@ class _Run:
                              schema=pa.schema([("group_name", pa.string()), ("partition_id", pa.int32())]))
                 ), PARTITION))
         if prev is not None:
-            where = _at(prev.version)
+            where = version_where(prev.version)
             for name, kind in (("partition_map", MAP), ("affinity_assignment", ASSIGNMENT),
                                ("partition_versions", VERSION)):
                 parts.append(_tagged(select.unsettled(self.warehouse.read(name, where=where)), kind))
@@ -649,7 +649,7 @@ class _Run:
         self, step: ExchangeStep, prev: Committed | None, version: tuple[int, int], groups: dict[str, GroupSettings],
         u: _Unsettled, out: DataFrame | None, small: dict[str, pa.Table], plan: pa.Table, meter: _Meter,
     ) -> dict[str, int]:
-        wh, where = self.warehouse, _at(version)
+        wh, where = self.warehouse, version_where(version)
         sizes = {g: s.partitions for g, s in groups.items()}
         carried_groups = sorted(set(sizes) - (set(sizes) if u.everything else set(u.groups)))
         keep = _Selection(self.spark, u, sizes) if prev is not None and carried_groups else None
@@ -660,14 +660,14 @@ class _Run:
             if out is not None:
                 frames.append(out.where(F.col("kind") == KINDS[name]).select(*columns))
             if keep is not None and prev is not None:
-                frames.append(keep.settled(wh.read(name, where=_at(prev.version))).select(*columns))
+                frames.append(keep.settled(wh.read(name, where=version_where(prev.version))).select(*columns))
             if not frames:  # no running group
                 frames.append(wh.read(name).limit(0).select(*columns))
             return _versioned(functools.reduce(DataFrame.unionByName, frames), version)
 
         def small_table(name: str, rows: pa.Table) -> pa.Table:
             if step.exchange_type == NONE and prev is not None:
-                rows = wh.read_arrow(name, where=_at(prev.version))
+                rows = wh.read_arrow(name, where=version_where(prev.version))
             columns = [f for f in OUTPUT_TABLES[name].fieldNames() if f not in VERSION_COLUMNS]
             n = rows.num_rows
             data = {
@@ -693,7 +693,7 @@ class _Run:
                 frames["client_affinity"] = _versioned(routing.client_affinity(assignment, mappings), version)
             else:
                 frames["client_affinity"] = _versioned(
-                    wh.read("client_affinity", where=_at(prev.version)).drop(*VERSION_COLUMNS), version
+                    wh.read("client_affinity", where=version_where(prev.version)).drop(*VERSION_COLUMNS), version
                 )
         with meter.stage("writes"):
             wh.replace_where_arrow("topology", topology, where)
@@ -725,11 +725,11 @@ class _Run:
         carried. A group's versions are one narrow row per partition, read from the version just written."""
         parts = []
         if touched:
-            versions = self.warehouse.read_arrow("partition_versions", where=_at(version))
+            versions = self.warehouse.read_arrow("partition_versions", where=version_where(version))
             parts.append(stamps_of(versions, {g: sizes[g] for g in touched}))
         rest = sorted(set(sizes) - touched)
         if rest and prev is not None:
-            old = self.warehouse.read_arrow("partition_stamps", where=_at(prev.version))
+            old = self.warehouse.read_arrow("partition_stamps", where=version_where(prev.version))
             parts.append(old.filter(pc.is_in(old.column("group_name"), pa.array(rest, pa.string())))
                          .select(["group_name", "stamp"]).cast(STAMPS_SCHEMA))
         return pa.concat_tables(parts) if parts else STAMPS_SCHEMA.empty_table()
@@ -779,10 +779,6 @@ def _replace(summary: ExchangeSummary, **changes: Any) -> ExchangeSummary:
     import dataclasses
 
     return dataclasses.replace(summary, **changes)
-
-
-def _at(version: tuple[int, int]) -> dict[str, Any]:
-    return {"topology_major": version[0], "topology_minor": version[1]}
 
 
 def _norm(value: Any) -> Any:

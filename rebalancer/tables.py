@@ -27,6 +27,7 @@ __all__ = [
     "SCHEMAS",
     "VERSION_COLUMNS",
     "schema_of",
+    "version_where",
 ]
 
 
@@ -36,6 +37,12 @@ def _schema(*fields: tuple[str, DataType]) -> StructType:
 
 S, INT, L, D, B, T = StringType(), IntegerType(), LongType(), DoubleType(), BooleanType(), TimestampType()
 VERSION_COLUMNS = ("topology_major", "topology_minor")
+
+
+def version_where(version: tuple[int, int]) -> dict[str, int]:
+    """The ``where`` of one topology version's rows in a versioned table (``Warehouse.read(..., where=)``)."""
+    return dict(zip(VERSION_COLUMNS, version, strict=True))
+
 _VERSION = (("topology_major", L), ("topology_minor", INT))
 
 # ---- input tables (SPEC section 2) ----

@@ -45,7 +45,7 @@ from rebalancer.inputs import Committed, last_committed
 from rebalancer.pipeline import ExchangeSummary, run_exchange
 from rebalancer.producers import append_event
 from rebalancer.storage import Warehouse
-from rebalancer.tables import PARTITION_REPORTS
+from rebalancer.tables import PARTITION_REPORTS, version_where
 from rebalancer.vocabulary import COPY, DROP, EVICTED, MOVING, OWNING, PROMOTE
 
 __all__ = [
@@ -195,7 +195,7 @@ def current_map(warehouse: Warehouse) -> tuple[Committed, dict[Copy, dict[str, A
     if committed is None:
         return None
     servers = {n for n, info in committed.state.alive.items() if not info.is_client}
-    copies = _by_copy(warehouse.read_arrow("partition_map", where=_at(committed.version)))
+    copies = _by_copy(warehouse.read_arrow("partition_map", where=version_where(committed.version)))
     new, _ = warehouse.changes_arrow("partition_reports", committed.input_versions.get("partition_reports"))
     assert new is not None  # no max_rows: always read
     newest_seq = committed.max_report_seq or 0
@@ -224,7 +224,7 @@ def stability(warehouse: Warehouse) -> Stability | None:
     if current is None:
         return None
     committed, copies, _ = current
-    at = _at(committed.version)
+    at = version_where(committed.version)
     ideal = {(r["group_name"], r["partition_id"], r["replica_index"], r["node_id"])
              for r in warehouse.read_arrow("ideal_assignment", where=at).to_pylist()}
     serving = {(r["group_name"], r["partition_id"], r["replica_index"], r["node_id"])
@@ -240,10 +240,6 @@ def stability(warehouse: Warehouse) -> Stability | None:
     )
 
 
-def _at(version: tuple[int, int]) -> dict[str, Any]:
-    return {"topology_major": version[0], "topology_minor": version[1]}
-
-
 def _run_round(
     spark: SparkSession,
     warehouse: Warehouse,
@@ -257,12 +253,12 @@ def _run_round(
     if current is None:
         raise TwinError("no exchange has been committed yet; run `rebalancer exchange` first")
     committed, now, newest_seq = current
-    plan = warehouse.read_arrow("migration_plan", where=_at(committed.version)).to_pylist()
+    plan = warehouse.read_arrow("migration_plan", where=version_where(committed.version)).to_pylist()
     steps = not_yet_applied(executable_steps(plan, before_wave=fail[1] if fail else None), now)
     counts = {COPY: sum(r["action"] == COPY for r in steps), DROP: sum(r["action"] == DROP for r in steps)}
     waiting = sum(r["action"] == PROMOTE for r in plan)
     if steps:
-        map_rows = _by_copy(warehouse.read_arrow("partition_map", where=_at(committed.version)))
+        map_rows = _by_copy(warehouse.read_arrow("partition_map", where=version_where(committed.version)))
         warehouse.append_arrow("partition_reports", reports_for(steps, map_rows, newest_seq + 1))
         hook("after:reports")
     failed = None
