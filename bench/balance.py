@@ -53,7 +53,7 @@ except ModuleNotFoundError:
 
 import numpy as np  # noqa: E402
 
-from rebalancer.affinity.balanced import BalancedGroup, assign_balanced  # noqa: E402
+from rebalancer.affinity.balanced import BalancedGroup, PreviousPlacement, assign_balanced  # noqa: E402
 from rebalancer.affinity.nodeset import NodeSet  # noqa: E402
 from rebalancer.client.affinity import assign_indexes  # noqa: E402
 
@@ -93,12 +93,13 @@ def node_set(ids: list[str]) -> NodeSet:
     return NodeSet.of(ids, node_uuids=uuids, hosts=[f"host-{i}" for i in ids])
 
 
-def place(affinity: str, s: Scenario, nodes: NodeSet) -> Matrices:
-    """The ideal assignment of every group of ``s`` on ``nodes``."""
+def place(affinity: str, s: Scenario, nodes: NodeSet, previous: PreviousPlacement | None = None) -> Matrices:
+    """The ideal assignment of every group of ``s`` on ``nodes``; ``balanced`` continues from ``previous`` (the
+    placement before the change) as the exchange does."""
     names = [f"group{g}" for g in range(s.groups)]
     if affinity.startswith("balanced"):
         groups = [BalancedGroup(name, s.partitions, s.backups) for name in names]
-        return assign_balanced(groups, nodes, spread=affinity == "balanced")
+        return assign_balanced(groups, nodes, spread=affinity == "balanced", previous=previous)
     pids = np.arange(s.partitions)
     return {name: assign_indexes(pids, nodes, s.backups, affinity) for name in names}
 
@@ -155,8 +156,9 @@ def measure(s: Scenario, runs: int) -> list[dict[str, Any]]:
     rows = []
     for affinity in AFFINITIES:
         before = place(affinity, s, base)
-        after_failure = place(affinity, s, failed)
-        after_join = place(affinity, s, joined)
+        previous = PreviousPlacement.of(before, base)
+        after_failure = place(affinity, s, failed, previous)
+        after_join = place(affinity, s, joined, previous)
         held = sum(int((m == ids.index(failed_id)).sum()) for m in before.values())
         fair = math.ceil(s.replicas / (s.nodes + 1))
         states = [evenness(before, s.nodes), evenness(after_failure, s.nodes - 1), evenness(after_join, s.nodes + 1)]

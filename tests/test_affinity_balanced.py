@@ -21,6 +21,7 @@ from rebalancer.affinity.balanced import (
     BalancedGroup,
     BalancedPlacement,
     InvalidBalancedGroupError,
+    PreviousPlacement,
     assign_balanced,
     group_seed,
     place_balanced,
@@ -103,9 +104,14 @@ def group_lists(draw: st.DrawFn) -> list[BalancedGroup]:
     return groups
 
 
-# ---- scalar reference: docs/AFFINITY.md "balanced-v1", step by step, one partition at a time -----------------
-def reference_place(groups: Sequence[BalancedGroup], nodes: NodeSet, spread: bool) -> dict[str, list[list[str]]]:
-    """The documented algorithm transcribed literally (plain Python floats, dicts and sorts; no NumPy kernels)."""
+# ---- scalar reference: docs/AFFINITY.md "balanced-v2", step by step, one partition at a time -----------------
+Lists = dict[str, list[list[str]]]
+
+
+def reference_place(groups: Sequence[BalancedGroup], nodes: NodeSet, spread: bool,
+                    previous: Lists | None = None) -> Lists:
+    """The documented algorithm transcribed literally (plain Python floats, dicts and sorts; no NumPy kernels);
+    ``previous``: per group, the node ids of each partition's previous list (step 9)."""
     out: dict[str, list[list[str]]] = {}
     ordered = sorted(groups, key=lambda g: g.name)
     if spread:
@@ -116,13 +122,19 @@ def reference_place(groups: Sequence[BalancedGroup], nodes: NodeSet, spread: boo
             classes.setdefault(g.collocation_key, []).append(g)
         units = [([m[0]], m) for m in classes.values()]
     for unit, receivers in units:
-        placed = reference_unit(unit, nodes, spread)
+        before = None
+        if previous is not None:
+            before = {}
+            for g in unit:
+                source = next((m.name for m in [g, *receivers] if m.name in previous), None)
+                before[g.name] = previous[source] if source is not None else []
+        placed = reference_unit(unit, nodes, spread, before)
         for g in receivers:
             out[g.name] = placed[g.name if spread else unit[0].name]
     return out
 
 
-def reference_unit(unit: list[BalancedGroup], nodes: NodeSet, spread: bool) -> dict[str, list[list[str]]]:
+def reference_unit(unit: list[BalancedGroup], nodes: NodeSet, spread: bool, before: Lists | None) -> Lists:
     """One unit of :func:`reference_place` (its groups share caps; lists by group name)."""
     order = sorted(range(len(nodes)), key=lambda i: nodes.node_ids[i])
     n = len(order)
@@ -203,6 +215,77 @@ def reference_unit(unit: list[BalancedGroup], nodes: NodeSet, spread: bool) -> d
     part = [r for r, (g, _) in enumerate(rows) if not g.replicated]
     repl = [r for r, (g, _) in enumerate(rows) if g.replicated]
 
+    def need(r: int) -> int:
+        g = rows[r][0]
+        fc = fclasses(g)
+        return min(g.backups + 1, n, len(set(fc)) if fc is not None else n)
+
+    def passes_rules(r: int, c: int, others: list[int]) -> bool:
+        """Pass A's rules for column c against the row's ``others``."""
+        g = rows[r][0]
+        if g.exclude_neighbors and hosts[c] in [hosts[x] for x in others]:
+            return False
+        fc = fclasses(g)
+        return fc is None or fc[c] not in [fc[x] for x in others]
+
+    def pull() -> None:  # steps 9b and 9d
+        pload = [0] * n
+        for r in part:
+            if lists[r]:
+                pload[lists[r][0]] += 1
+        for r in repl:
+            if prim[r] is not None:
+                pload[prim[r]] += 1  # type: ignore[index]
+        for b in [c for c in range(n) if load[c] < share[c] * 0.5]:
+            for bound in (cap, [math.floor(x) for x in share]):
+                if load[b] >= math.floor(share[b]):
+                    break
+                for r in sorted((r for r in part if lists[r] and b not in lists[r]), key=lambda r: (key[r][b], r)):
+                    if load[b] >= math.floor(share[b]):
+                        break
+                    best = None
+                    for j, c in enumerate(lists[r]):
+                        if load[c] > bound[c] and (j > 0 or pload[b] < pcap[b]) and passes_rules(
+                                r, b, lists[r][:j] + lists[r][j + 1:]) and (
+                                best is None or load[c] - share[c] >= load[lists[r][best]] - share[lists[r][best]]):
+                            best = j
+                    if best is not None:
+                        if best == 0:
+                            pload[lists[r][0]] -= 1
+                            pload[b] += 1
+                        load[lists[r][best]] -= 1
+                        lists[r][best] = b
+                        load[b] += 1
+
+    if before is not None:
+        col = {ids[j]: j for j in range(n)}
+        # 9a keep
+        for r, (g, p) in enumerate(rows):
+            old = before[g.name][p] if p < len(before[g.name]) else []
+            old_cols = [col[x] for x in old if x in col]
+            if g.replicated:
+                if old_cols:
+                    prim[r] = old_cols[0]
+                continue
+            fc = fclasses(g)
+            for c in old_cols:
+                if len(lists[r]) < need(r) and c not in lists[r] and (
+                        fc is None or fc[c] not in [fc[x] for x in lists[r]]):
+                    lists[r].append(c)
+                    load[c] += 1
+        pull()  # 9b
+        for c in [c for c in range(n) if load[c] > cap[c]]:  # 9c shed
+            pairs = sorted(((j == 0, -key[r][c], r, j) for r in part for j, x in enumerate(lists[r]) if x == c))
+            for _, _, r, j in pairs[: load[c] - cap[c]]:
+                del lists[r][j]
+                load[c] -= 1
+        for r in part:
+            if lists[r]:
+                prim[r] = lists[r][0]
+        for r in part + repl:
+            if prim[r] is not None:
+                pload[prim[r]] += 1
+
     def give_primary(r: int, c: int, counts_replica: bool) -> None:
         prim[r] = c
         pload[c] += 1
@@ -218,11 +301,6 @@ def reference_unit(unit: list[BalancedGroup], nodes: NodeSet, spread: bool) -> d
                  else pcap[c] + t - pload[c],
                  lambda r, c, both=both: give_primary(r, c, both))
             t += 1
-
-    def need(r: int) -> int:
-        g = rows[r][0]
-        fc = fclasses(g)
-        return min(g.backups + 1, n, len(set(fc)) if fc is not None else n)
 
     def admissible(r: int, c: int, use_hosts: bool) -> bool:
         g = rows[r][0]
@@ -279,6 +357,42 @@ def reference_unit(unit: list[BalancedGroup], nodes: NodeSet, spread: bool) -> d
         walk(short, lambda r: need(r) - len(lists[r]), lambda r, c: admissible(r, c, False),
              lambda c, t=t: cap[c] + t - load[c], add)
         t += 1
+    pull()  # 9d
+    # 9e primaries: hand over above pcap, take below half the share (counted again: a pull may replace a primary)
+    for r in part:
+        prim[r] = lists[r][0]
+    pload = [0] * n
+    for r in part + repl:
+        pload[prim[r]] += 1  # type: ignore[index]
+
+    def others(r: int) -> list[int]:
+        return [c for c in rank[r] if c != prim[r]] if rows[r][0].replicated else lists[r][1:]
+
+    def swap(r: int, d: int) -> None:
+        old = prim[r]
+        assert old is not None
+        if not rows[r][0].replicated:
+            j = lists[r].index(d)
+            lists[r][0], lists[r][j] = d, old
+        prim[r] = d
+        pload[old] -= 1
+        pload[d] += 1
+
+    for c in [c for c in range(n) if pload[c] > pcap[c]]:
+        for r in sorted((r for r in part + repl if prim[r] == c), key=lambda r: (-key[r][c], r)):
+            if pload[c] <= pcap[c]:
+                break
+            to = next((d for d in others(r) if pload[d] < pcap[d]), None)
+            if to is not None:
+                swap(r, to)
+    for b in [c for c in range(n) if pload[c] < pshare[c] * 0.5]:
+        for r in sorted((r for r in part + repl if prim[r] != b and b in others(r)), key=lambda r: (key[r][b], r)):
+            if pload[b] >= math.floor(pshare[b]):
+                break
+            p = prim[r]
+            assert p is not None
+            if pload[p] > math.floor(pshare[p]):
+                swap(r, b)
     out: dict[str, list[list[str]]] = {}
     for g in unit:
         first = rows.index((g, 0)) if g.partitions else 0
@@ -321,6 +435,19 @@ def test_golden_spread_assignment() -> None:
     matrices = assign_balanced(groups, GOLDEN_NODES, spread=True)
     assert by_id(matrices["group0"], GOLDEN_NODES) == GOLDEN_SPREAD_0
     assert by_id(matrices["group1"], GOLDEN_NODES) == GOLDEN_SPREAD_1
+
+
+def test_golden_continued_assignments() -> None:
+    g = BalancedGroup("group0", 12, 1)
+    previous = PreviousPlacement.from_lists({"group0": GOLDEN_COLLOCATED})
+    failed = NodeSet.of(["node0", "node1", "node3", "node4"])
+    after = place_balanced([g], failed, spread=False, previous=previous)
+    assert by_id(after.matrices["group0"], failed) == GOLDEN_AFTER_FAILURE
+    assert (after.pulled, after.shed) == (0, 0)
+    joined = NodeSet.of([f"node{i}" for i in range(6)])
+    after = place_balanced([g], joined, spread=False, previous=previous)
+    assert by_id(after.matrices["group0"], joined) == GOLDEN_AFTER_JOIN
+    assert (after.pulled, after.shed) == (4, 0)
 
 
 def test_golden_weighted_assignment() -> None:
@@ -521,7 +648,8 @@ def test_neighbours_share_a_partition_only_when_every_other_host_is_full(
         if len(set(hosts)) == len(hosts):
             continue
         free = [i for i in range(len(nodes)) if nodes.hosts[i] not in hosts]
-        assert all(replicas[i] >= placement.replica_cap[i] for i in free), (row, free)
+        # full when the walk placed the row; a later pull (step 9d) frees one slot on the node it takes from
+        assert all(replicas[i] >= placement.replica_cap[i] - placement.pulled for i in free), (row, free)
 
 
 # ---- capacities, modes, edges ----------------------------------------------------------------------------------
@@ -579,9 +707,10 @@ def test_edges() -> None:
 
 
 # 5 nodes node0..node4, one group of 12 partitions, 1 backup, collocated: caps 5 replicas / 3 primaries per node;
-# partitions 3 of 12 were turned away (their rendezvous lists differ).
+# partitions 3 of 12 were turned away (their rendezvous lists differ); node0, with one primary of a share of 2.4,
+# took the primary of partition 2 (step 9e).
 GOLDEN_COLLOCATED = [
-    ["node3", "node0"], ["node3", "node4"], ["node4", "node0"], ["node1", "node2"], ["node2", "node4"],
+    ["node3", "node0"], ["node3", "node4"], ["node0", "node4"], ["node1", "node2"], ["node2", "node4"],
     ["node3", "node2"], ["node2", "node0"], ["node1", "node0"], ["node4", "node2"], ["node1", "node3"],
     ["node0", "node1"], ["node4", "node3"],
 ]
@@ -591,10 +720,141 @@ GOLDEN_SPREAD_0 = [
     ["node3", "node0"],
 ]
 GOLDEN_SPREAD_1 = [
-    ["node2", "node3"], ["node1", "node4"], ["node3", "node2"], ["node4", "node0"], ["node2", "node0"],
+    ["node2", "node3"], ["node1", "node4"], ["node3", "node2"], ["node0", "node4"], ["node2", "node0"],
     ["node3", "node2"],
+]
+# GOLDEN_COLLOCATED continued (step 9) after node2 fails: node2's five copies are replaced, nothing else moves.
+GOLDEN_AFTER_FAILURE = [
+    ["node3", "node0"], ["node3", "node4"], ["node0", "node4"], ["node1", "node0"], ["node4", "node3"],
+    ["node3", "node1"], ["node0", "node4"], ["node1", "node0"], ["node4", "node1"], ["node1", "node3"],
+    ["node0", "node1"], ["node4", "node3"],
+]
+# GOLDEN_COLLOCATED continued after node5 joins: node5 holds nothing, so it pulls floor(24 / 6) = 4 replicas.
+GOLDEN_AFTER_JOIN = [
+    ["node5", "node0"], ["node3", "node5"], ["node0", "node4"], ["node1", "node2"], ["node2", "node4"],
+    ["node3", "node2"], ["node2", "node5"], ["node1", "node0"], ["node4", "node5"], ["node1", "node3"],
+    ["node0", "node1"], ["node4", "node3"],
 ]
 # Capacities a 1.0, b 2.0, c 1.0, d 0.5; 9 partitions, 1 backup: shares 4 / 8 / 4 / 2.
 GOLDEN_WEIGHTED = [
     ["b", "d"], ["b", "a"], ["b", "c"], ["a", "b"], ["c", "b"], ["b", "c"], ["d", "b"], ["c", "a"], ["a", "b"],
 ]
+
+
+@given(nodes=clusters(min_nodes=2, max_nodes=8), groups=group_lists(), spread=st.booleans(), join=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_continuing_kernel_equals_the_documented_algorithm(
+    nodes: NodeSet, groups: list[BalancedGroup], spread: bool, join: bool, seed: int
+) -> None:
+    """Step 9 after one failure or join: the kernel continuing from the previous lists equals the reference."""
+    rng = random.Random(seed)
+    after_nodes, _ = _change(nodes, rng, join)
+    before = {g.name: by_id(assign_balanced(groups, nodes, spread=spread)[g.name], nodes) for g in groups}
+    expected = reference_place(groups, after_nodes, spread, previous=before)
+    matrices = assign_balanced(groups, after_nodes, spread=spread, previous=PreviousPlacement.from_lists(before))
+    for g in groups:
+        assert by_id(matrices[g.name], after_nodes) == expected[g.name], g
+
+
+@given(nodes=clusters(min_nodes=1, max_nodes=8), groups=group_lists(), spread=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_continuing_from_any_lists_equals_the_documented_algorithm(
+    nodes: NodeSet, groups: list[BalancedGroup], spread: bool, seed: int
+) -> None:
+    """Step 9 from arbitrary previous lists (unknown nodes, repeats, too long or short, missing groups, filter
+    clashes, overloaded nodes): the kernel equals the reference."""
+    rng = random.Random(seed)
+    pool = list(nodes.node_ids) + ["gone1", "gone2"]
+    previous = {g.name: [[rng.choice(pool) for _ in range(rng.randrange(0, 5))]
+                         for _ in range(rng.randrange(0, g.partitions + 3))]
+                for g in groups if rng.random() < 0.8}
+    expected = reference_place(groups, nodes, spread, previous=previous)
+    matrices = assign_balanced(groups, nodes, spread=spread, previous=PreviousPlacement.from_lists(previous))
+    for g in groups:
+        assert by_id(matrices[g.name], nodes) == expected[g.name], g
+
+
+# ---- continuing (step 9): movement and evenness after a change ---------------------------------------------------
+def _continue(groups: list[BalancedGroup], nodes: NodeSet, after_nodes: NodeSet, spread: bool
+              ) -> tuple[BalancedPlacement, BalancedPlacement, int, int]:
+    """The placement before and the continued one after, the copies created (between the two) and the copies the
+    change created outside the changed node (a copy created on a node that stays, for a partition it did not
+    hold, while no replica of that partition left a departed node)."""
+    before = place_balanced(groups, nodes, spread=spread)
+    after = place_balanced(groups, after_nodes, spread=spread, previous=PreviousPlacement.of(before.matrices, nodes))
+    created = unforced = 0
+    departed = set(nodes.node_ids) - set(after_nodes.node_ids)
+    joined = set(after_nodes.node_ids) - set(nodes.node_ids)
+    for g in groups:
+        if g.replicated:
+            continue
+        old, new = by_id(before.matrices[g.name], nodes), by_id(after.matrices[g.name], after_nodes)
+        for a, b in zip(old, new, strict=True):
+            fresh = set(b) - set(a)
+            created += len(fresh)
+            lost = len(set(a) & departed)
+            unforced += max(0, len(fresh - joined) - lost)
+    return before, after, created, unforced
+
+
+@given(nodes=clusters(min_nodes=2), groups=group_lists(), spread=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_failure_moves_only_the_failed_nodes_copies(
+    nodes: NodeSet, groups: list[BalancedGroup], spread: bool, seed: int
+) -> None:
+    """Continuing after one failure: each partition gets back at most the copies it lost; a copy moves between two
+    nodes that both stay only through a pull or a shed (nodes far below their share, or over their cap, which a
+    failure causes only after an overflow or through rounding on tiny clusters) or a repair (step 7), counted in
+    the placement."""
+    after_nodes, _ = _change(nodes, random.Random(seed), join=False)
+    before, after, _, unforced = _continue(groups, nodes, after_nodes, spread)
+    assert unforced <= after.pulled + after.shed + after.repaired, (unforced, after.pulled, after.shed)
+    if before.overflow == 0 and all(c == 1.0 for c in nodes.capacities) and not any(
+            g.exclude_neighbors or g.backup_filter for g in groups):
+        assert after.shed == 0
+
+
+@given(nodes=clusters(min_nodes=1), groups=group_lists(), spread=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_join_moves_copies_to_the_joiner_and_sheds_only_over_caps(
+    nodes: NodeSet, groups: list[BalancedGroup], spread: bool, seed: int
+) -> None:
+    """Continuing after one join: the joiner pulls at most its share rounded down, plus what the walk places in
+    empty slots (copies shed by nodes over their lowered caps, or partitions that can now have more replicas); a
+    copy moves between two nodes that both stay only through a shed, a repair or a pull by a node that was
+    already far below its share."""
+    after_nodes, joiner = _change(nodes, random.Random(seed), join=True)
+    before, after, _, unforced = _continue(groups, nodes, after_nodes, spread)
+    assert unforced <= after.shed + after.repaired + after.pulled, (unforced, after.shed)
+    j = after_nodes.node_ids.index(joiner)
+    replicas, _ = loads(after, groups, len(after_nodes))
+    old, _ = loads(before, groups, len(nodes))
+    filled = int(replicas.sum() - old.sum()) + after.shed
+    assert replicas[j] <= math.floor(after.replica_share[j]) + filled + after.overflow
+
+
+@given(nodes=clusters(min_nodes=2), groups=group_lists(), spread=st.booleans(), join=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_continued_placements_keep_the_caps(
+    nodes: NodeSet, groups: list[BalancedGroup], spread: bool, join: bool, seed: int
+) -> None:
+    after_nodes, _ = _change(nodes, random.Random(seed), join)
+    _, after, _, _ = _continue(groups, nodes, after_nodes, spread)
+    replicas, primaries = loads(after, groups, len(after_nodes))
+    assert replicas.sum() - np.minimum(replicas, after.replica_cap).sum() <= after.overflow
+    if after.primary_overflow == 0:
+        assert (primaries <= after.primary_cap).all(), (primaries, after.primary_cap)
+
+
+def test_continued_movement_bounds_on_a_large_cluster() -> None:
+    """40 nodes, 16 x 256, 2 backups, spread, continuing: a failure moves exactly the failed node's copies, a join
+    the joiner's share rounded down, and both keep replicas within 1.05 and primaries within 1.10 of the mean."""
+    ids = [f"node{i}" for i in range(40)]
+    groups = [BalancedGroup(f"group{i}", 256, 2) for i in range(16)]
+    before, after, created, unforced = _continue(groups, NodeSet.of(ids), NodeSet.of(ids[:20] + ids[21:]), True)
+    held = sum(int((m == 20).sum()) for m in before.matrices.values())
+    assert (created, unforced) == (held, 0)
+    replicas, primaries = loads(after, groups, 39)
+    assert replicas.max() / replicas.mean() <= 1.05 and primaries.max() / primaries.mean() <= 1.10
+    _, after, created, unforced = _continue(groups, NodeSet.of(ids), NodeSet.of(ids + ["node40"]), True)
+    assert (created, unforced) == (math.floor(16 * 256 * 3 / 41), 0)
+    replicas, primaries = loads(after, groups, 41)
+    assert replicas.max() / replicas.mean() <= 1.05 and primaries.max() / primaries.mean() <= 1.10

@@ -17,8 +17,11 @@ Contract:
   filter class cannot take more than one replica of a partition). The only exceptions are the *overflow*
   placements counted in :class:`BalancedPlacement`: a partition whose every admissible node is full, after a
   repair step failed to free one by moving another partition's backup to a node with room.
-- Movement: a partition that no full node turned away gets exactly its rendezvous replica set, so after a change
-  a copy moves between two nodes that both stay only in partitions turned away before or after the change.
+- Movement: placed from scratch, a partition that no full node turned away gets exactly its rendezvous replica
+  set. Given the ``previous`` placement (the last committed ideal assignment), the placement *continues* from it
+  (docs step 9): every replica on a node that is still a candidate stays unless its node is over its cap or a node
+  holding under half its share pulls it; only empty slots are walked. So a failure moves exactly the failed node's
+  copies, and a join moves about the joiner's share, each from a node above its own share.
 - Constraints as rendezvous: ``exclude_neighbors`` (soft: filled ignoring hosts when short) and
   ``backup_filter`` (hard: slots stay empty). REPLICATED groups: every node holds every partition; only their
   primaries are balanced.
@@ -28,7 +31,7 @@ NumPy and the standard library only (``rebalancer.client`` may call it without S
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +54,8 @@ __all__ = [
     "BalancedGroup",
     "BalancedPlacement",
     "InvalidBalancedGroupError",
+    "PULL_BELOW",
+    "PreviousPlacement",
     "assign_balanced",
     "group_seed",
     "place_balanced",
@@ -61,6 +66,10 @@ IntMatrix = npt.NDArray[np.int32]
 REPLICA_SLACK = 0.05  # replicas per node <= floor(share * 1.05) (or ceil(share) when that is larger)
 PRIMARY_SLACK = 0.10  # primaries per node <= floor(share * 1.10) (or ceil(share))
 BALANCED_MODES = ("PARTITIONED", "REPLICATED")
+# Continuing a placement: a node holding fewer than PULL_BELOW x its share (replicas, or primaries) - one that just
+# joined, or whose capacity or the groups grew - pulls up to floor(share) from nodes above their own share. Nodes
+# the from-scratch walk leaves below their share stay as they are, so a failure pulls nothing.
+PULL_BELOW = 0.5
 # Width of the first ranking window: the replicas plus two turn-aways; rows that walk further are re-ranked
 # with a 4x wider window (up to every node).
 _EXTRA_WINDOW = 2
@@ -130,8 +139,13 @@ class BalancedPlacement:
         primary_cap: the bound on primaries per node.
         turned_away: group name -> per partition, whether a full node turned it away at least once (its list may
             then differ from the rendezvous list; the others' lists equal it).
-        overflow: replicas placed beyond a cap because every admissible node was full (0 in the proved cases).
-        primary_overflow: primaries placed beyond a cap because every replica of the partition was full.
+        overflow: replicas beyond a cap at the end, summed over nodes (a partition whose every admissible node
+            was full, or whose primary every node's primary cap turned away; 0 in the proved cases).
+        primary_overflow: primaries beyond a cap at the end (every replica of the partition was at its cap when
+            it was placed or handed over).
+        pulled: replicas moved to nodes that held under half their share (steps 9b and 9d).
+        shed: continuing only: replicas dropped by nodes over their cap (step 9c), placed again by the walk.
+        repaired: backups the repair step moved to another node to make room for a short partition (step 7).
     """
 
     matrices: dict[str, IntMatrix]
@@ -142,6 +156,59 @@ class BalancedPlacement:
     turned_away: dict[str, npt.NDArray[np.bool_]]
     overflow: int
     primary_overflow: int
+    pulled: int = 0
+    shed: int = 0
+    repaired: int = 0
+
+
+@dataclass(frozen=True)
+class PreviousPlacement:
+    """The placement a new one continues from (docs/AFFINITY.md step 9): usually the last committed ideal
+    assignment of the balanced groups.
+
+    Attributes:
+        node_ids: the ids the matrices index (any order; nodes no longer candidates are simply gone).
+        matrices: group name -> ``int32`` matrix partitions x replicas of indexes into ``node_ids``, column 0 the
+            primary, -1 = empty slot. A group missing here (or partitions beyond its rows) starts empty.
+    """
+
+    node_ids: tuple[str, ...]
+    matrices: Mapping[str, IntMatrix]
+
+    @classmethod
+    def from_lists(cls, lists: Mapping[str, Sequence[Sequence[str]]]) -> PreviousPlacement:
+        """From per-group lists of node ids per partition (primary first), as routing maps hold them."""
+        ids: dict[str, int] = {}
+        matrices: dict[str, IntMatrix] = {}
+        for name, rows in lists.items():
+            width = max((len(r) for r in rows), default=0)
+            m = np.full((len(rows), width), -1, dtype=np.int32)
+            for p, row in enumerate(rows):
+                for j, node in enumerate(row):
+                    m[p, j] = ids.setdefault(node, len(ids))
+            matrices[name] = m
+        return cls(tuple(ids), matrices)
+
+    @classmethod
+    def of(cls, matrices: Mapping[str, IntMatrix], nodes: NodeSet) -> PreviousPlacement:
+        """From matrices of indexes into ``nodes`` (what :func:`place_balanced` returned for them)."""
+        return cls(tuple(nodes.node_ids), matrices)
+
+    def columns(self, group: str, partitions: int, nodes: NodeSet, cols: _Columns) -> IntMatrix:
+        """The group's previous rows as columns of ``cols`` (-1 where the node is not a candidate now), cut or
+        padded with empty rows to ``partitions``."""
+        m = self.matrices.get(group)
+        if m is None or m.size == 0:
+            return np.full((partitions, 1), -1, dtype=np.int32)
+        where = {node: i for i, node in enumerate(nodes.node_ids)}
+        column_of_index = np.empty(len(nodes), dtype=np.int32)
+        column_of_index[cols.perm] = np.arange(cols.perm.size, dtype=np.int32)
+        to_column = np.array([column_of_index[where[x]] if x in where else -1 for x in self.node_ids] + [-1],
+                             dtype=np.int32)
+        rows = np.full((partitions, m.shape[1]), -1, dtype=np.int32)
+        k = min(partitions, m.shape[0])
+        rows[:k] = to_column[np.where(m[:k] >= 0, m[:k], len(self.node_ids))]
+        return rows
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -305,6 +372,15 @@ class _Ranking:
         self.tier[rows] = tier
         self.width[rows] = new_width
 
+    def column(self, rows: npt.NDArray[np.intp], c: int) -> np.ndarray:
+        """The key of column ``c`` for each of ``rows`` (smaller = ranked higher)."""
+        ws = Workspace(rows.size, 1)
+        w = rendezvous_weights(self.hkeys[rows], self.cols.seeds[c : c + 1], ws)
+        if self.cols.uniform:
+            return np.invert(w[:, 0])
+        u = (w[:, 0].astype(np.float64) + 0.5) * _TWO_POW_MINUS_32
+        return np.asarray(self.cols.capacities[c] / np.log(u), dtype=np.float64)
+
     def full(self, rows: npt.NDArray[np.intp]) -> tuple[npt.NDArray[np.int32], np.ndarray]:
         """The whole ranking of ``rows`` (columns and keys), best first."""
         return self._rank(rows, self.n)
@@ -423,7 +499,7 @@ def _repair(
     rules: list[tuple[tuple[npt.NDArray[np.int32], ...], npt.NDArray[np.int32] | None]],
     rule_of: npt.NDArray[np.int64],
     cap: npt.NDArray[np.int64],
-) -> None:
+) -> int:
     """Fill rows that every admissible column turned away by moving another row's backup (docs step 7, repair).
 
     For each short row p in row order, while it is short: for each full column c in p's ranking order that p may
@@ -434,6 +510,7 @@ def _repair(
     filter classes or None).
     """
     acc, ranking = walk.acc, walk.ranking
+    moved = 0
     for p in short.tolist():
         fp = rules[rule_of[p]][1]
         order, keys = ranking.full(np.array([p]))
@@ -466,6 +543,160 @@ def _repair(
             acc[p, walk.count[p]], walk.acc_key[p, walk.count[p]] = c, key
             walk.count[p] += 1
             walk.turned[[p, q]] = True
+            moved += 1
+    return moved
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Continuing a previous placement (docs step 9)
+# ---------------------------------------------------------------------------------------------------------------
+_Rule = tuple[npt.NDArray[np.intp], tuple[npt.NDArray[np.int32], ...]]
+
+
+def _rule_index(rules: list[_Rule], rows: int) -> npt.NDArray[np.int64]:
+    rule_of = np.full(rows, -1, dtype=np.int64)
+    for i, (members, _) in enumerate(rules):
+        rule_of[members] = i
+    return rule_of
+
+
+def _keep(walk: _Walk, kept: IntMatrix, filters: list[tuple[npt.NDArray[np.intp], npt.NDArray[np.int32] | None]]
+          ) -> None:
+    """Step 9a: each PARTITIONED row keeps its previous columns that are still candidates, in their previous order
+    (so the first surviving one is the primary), skipping repeats and a column whose filter class an earlier kept
+    column has, up to ``need``."""
+    for members, fcls in filters:
+        acc, count = walk.acc[members], walk.count[members]
+        need = walk.need[members]
+        for j in range(kept.shape[1]):
+            c = kept[members, j]
+            ok = (c >= 0) & (count < need) & ~(acc == c[:, None]).any(axis=1)
+            if fcls is not None:
+                ext = np.append(fcls, np.int32(-1))
+                ok &= ~(ext[acc] == fcls[np.maximum(c, 0)][:, None]).any(axis=1)
+            acc[ok, count[ok]] = c[ok]
+            count[ok] += 1
+        walk.acc[members], walk.count[members] = acc, count
+    held = walk.acc[walk.acc >= 0]
+    walk.load[:] = np.bincount(held, minlength=walk.n)
+
+
+def _admits(classes: tuple[npt.NDArray[np.int32], ...], b: int, others: npt.NDArray[np.int32]) -> bool:
+    return all(int(cls[b]) not in cls[others].tolist() for cls in classes)
+
+
+def _pull_replicas(
+    walk: _Walk, part_rows: npt.NDArray[np.intp], share: npt.NDArray[np.float64], cap: npt.NDArray[np.int64],
+    rules: list[_Rule], pload: npt.NDArray[np.int64], pcap: npt.NDArray[np.int64],
+) -> int:
+    """Step 9b: each column b (column order) holding fewer than ``PULL_BELOW * share`` replicas takes rows'
+    replicas until it holds ``floor(share)``: first from columns over their cap, then from columns above
+    ``floor(share)``; rows in b's ranking order (key ascending, ties by row); b must be admissible in the row
+    without the replica it replaces (the row's pass-A rules), and replaces a primary only while b holds fewer
+    primaries than its ``pcap`` (b then is the primary; ``pload`` counts); the replaced one is, among the row's eligible
+    columns, the one with the largest ``load - share``, ties the later slot. Returns the replicas moved."""
+    load, acc, count = walk.load, walk.acc, walk.count
+    floor_share = np.floor(share).astype(np.int64)
+    rule_of = _rule_index(rules, acc.shape[0])
+    moved = 0
+    for b in np.flatnonzero(load < share * PULL_BELOW).tolist():
+        for bound in (cap, floor_share):
+            if load[b] >= floor_share[b]:
+                break
+            rows = part_rows[count[part_rows] > 0]
+            held = acc[rows]
+            valid = held >= 0
+            rows = rows[~(held == b).any(axis=1) & (valid & (load[np.maximum(held, 0)] > bound[np.maximum(held, 0)])
+                                                    ).any(axis=1)]
+            if rows.size == 0:
+                continue
+            keys = walk.ranking.column(rows, b)
+            for r in rows[np.lexsort((rows, keys))].tolist():
+                if load[b] >= floor_share[b]:
+                    break
+                slots = acc[r, : count[r]]
+                classes = rules[rule_of[r]][1]
+                best, best_gap = -1, 0.0
+                for j, c in enumerate(slots.tolist()):
+                    if load[c] <= bound[c] or (j == 0 and pload[b] >= pcap[b]) or not _admits(
+                            classes, b, np.delete(slots, j)):
+                        continue
+                    gap = float(load[c]) - float(share[c])
+                    if best < 0 or gap >= best_gap:
+                        best, best_gap = j, gap
+                if best < 0:
+                    continue
+                load[slots[best]] -= 1
+                if best == 0:
+                    pload[slots[best]] -= 1
+                    pload[b] += 1
+                acc[r, best] = b
+                load[b] += 1
+                walk.turned[r] = True
+                moved += 1
+    return moved
+
+
+def _desc(keys: np.ndarray) -> np.ndarray:
+    """Keys whose ascending order is ``keys`` descending."""
+    return np.iinfo(keys.dtype).max - keys if keys.dtype.kind == "u" else -keys
+
+
+def _shed(walk: _Walk, part_rows: npt.NDArray[np.intp], cap: npt.NDArray[np.int64]) -> int:
+    """Step 9c: each column c over its cap (column order) drops replicas until it is at its cap: backups before
+    primaries, then the worst ranked first (key descending), ties by row. The row's later columns move up one slot
+    (a dropped primary hands over to the next). Returns the replicas dropped."""
+    acc, count, load = walk.acc, walk.count, walk.load
+    dropped = 0
+    for c in np.flatnonzero(load > cap).tolist():
+        sub = acc[part_rows]
+        r_idx, slot = np.nonzero(sub == c)
+        rows = part_rows[r_idx]
+        keys = walk.ranking.column(rows, c)
+        order = np.lexsort((rows, _desc(keys), slot == 0))
+        for i in order[: int(load[c] - cap[c])].tolist():
+            r, j = int(rows[i]), int(slot[i])
+            acc[r, j : count[r] - 1] = acc[r, j + 1 : count[r]].copy()
+            acc[r, count[r] - 1] = -1
+            count[r] -= 1
+            load[c] -= 1
+            walk.turned[r] = True
+            dropped += 1
+    return dropped
+
+
+def _fix_primaries(
+    ranking: _Ranking, prim: npt.NDArray[np.int64], backups: Callable[[int], list[int]],
+    holds_backup: Callable[[npt.NDArray[np.intp], int], npt.NDArray[np.bool_]],
+    swap: Callable[[int, int], None], pshare: npt.NDArray[np.float64], pcap: npt.NDArray[np.int64],
+    pload: npt.NDArray[np.int64],
+) -> None:
+    """Step 9e, primaries: a column over ``pcap`` (column order) hands its primaries, worst ranked first (ties by
+    row), to the first other replica of the row (list order; REPLICATED: ranking order) below its ``pcap``; then a
+    column holding fewer than ``PULL_BELOW * pshare`` primaries (column order) takes the primary of rows it
+    holds a backup of, in its ranking order, whose primary's column holds more than ``floor(pshare)``, until it
+    holds ``floor(pshare)``. ``prim``: row -> primary column (-1 = no row)."""
+    rows_all = np.flatnonzero(prim >= 0)
+    for c in np.flatnonzero(pload > pcap).tolist():
+        rows = rows_all[prim[rows_all] == c]
+        keys = ranking.column(rows, c)
+        for r in rows[np.lexsort((rows, _desc(keys)))].tolist():
+            if pload[c] <= pcap[c]:
+                break
+            to = next((d for d in backups(r) if pload[d] < pcap[d]), -1)
+            if to >= 0:
+                swap(r, to)
+    floor_p = np.floor(pshare).astype(np.int64)
+    for b in np.flatnonzero(pload < pshare * PULL_BELOW).tolist():
+        rows = rows_all[pload[prim[rows_all]] > floor_p[prim[rows_all]]]
+        rows = rows[holds_backup(rows, b)]
+        keys = ranking.column(rows, b)
+        for r in rows[np.lexsort((rows, keys))].tolist():
+            if pload[b] >= floor_p[b]:
+                break
+            p = int(prim[r])
+            if pload[p] > floor_p[p]:
+                swap(r, b)
 
 
 @dataclass(frozen=True)
@@ -480,6 +711,9 @@ class _UnitResult:
     turned_away: dict[str, npt.NDArray[np.bool_]]
     overflow: int
     primary_overflow: int
+    pulled: int
+    shed: int
+    repaired: int
 
 
 def _primaries(
@@ -524,8 +758,10 @@ def _primaries(
     return prim, pkey, turned, late
 
 
-def _place_unit(unit: _Unit, nodes: NodeSet, cols: _Columns, slack: tuple[float, float]) -> _UnitResult:
-    """Place one unit (docs/AFFINITY.md, "balanced-v1", steps 3 to 6)."""
+def _place_unit(unit: _Unit, nodes: NodeSet, cols: _Columns, slack: tuple[float, float],
+                kept: IntMatrix | None) -> _UnitResult:
+    """Place one unit (docs/AFFINITY.md, "balanced", steps 3 to 9); ``kept``: the unit's previous rows as columns
+    (rows x any width, -1 = none), or None to place from scratch."""
     n = cols.perm.size
     part_groups = [(g, o) for g, o in zip(unit.groups, unit.offsets, strict=True) if not g.replicated]
     repl_groups = [(g, o) for g, o in zip(unit.groups, unit.offsets, strict=True) if g.replicated]
@@ -574,16 +810,39 @@ def _place_unit(unit: _Unit, nodes: NodeSet, cols: _Columns, slack: tuple[float,
     repl_rows = [np.arange(o, o + g.partitions) for g, o in repl_groups]
     repl = np.concatenate(repl_rows) if repl_rows else np.zeros(0, dtype=np.intp)
 
-    # ---- step 4: primaries (PARTITIONED rows under both bounds, then REPLICATED rows under the primary bound)
     walk = _Walk(ranking, need, r_max, n)
+    rprim = np.full(repl.size, -1, dtype=np.int32)
+
+    def primaries_now() -> npt.NDArray[np.int64]:
+        held = part_rows[walk.count[part_rows] > 0]
+        return np.asarray(np.bincount(walk.acc[held, 0], minlength=n) + np.bincount(rprim[rprim >= 0], minlength=n))
+
     pload = np.zeros(n, dtype=np.int64)
-    prim, pkey, turned, late = _primaries(ranking, part_rows, [pcap, cap], [pload, walk.load])
-    walk.turned[part_rows] = turned
-    walk.acc[part_rows, 0] = prim
-    walk.acc_key[part_rows, 0] = pkey
-    walk.count[part_rows] = 1
-    rprim, _, rturned, rlate = _primaries(ranking, repl, [pcap], [pload])
-    walk.turned[repl] = rturned
+    pulled = shed = 0
+    # ---- step 9a-c: continuing: keep the previous replicas, pull to nodes far below their share, shed over caps
+    if kept is not None:
+        _keep(walk, kept, filters)
+        if repl.size:
+            k = kept[repl]
+            alive = k >= 0
+            first = k[np.arange(repl.size), np.argmax(alive, axis=1)]
+            rprim = np.where(alive.any(axis=1), first, -1).astype(np.int32)
+        pulled = _pull_replicas(walk, part_rows, share, cap, rules_a, primaries_now(), pcap)
+        shed = _shed(walk, part_rows, cap)
+        pload = primaries_now()
+
+    # ---- step 4: primaries of rows holding nothing (PARTITIONED rows under both bounds, then REPLICATED rows under
+    # the primary bound); from scratch that is every row
+    empty = part_rows[walk.count[part_rows] == 0]
+    prim, pkey, turned, _ = _primaries(ranking, empty, [pcap, cap], [pload, walk.load])
+    walk.turned[empty] = turned
+    walk.acc[empty, 0] = prim
+    walk.acc_key[empty, 0] = pkey
+    walk.count[empty] = 1
+    todo = np.flatnonzero(rprim < 0)
+    rprim_todo, _, rturned, _ = _primaries(ranking, repl[todo], [pcap], [pload])
+    rprim[todo] = rprim_todo
+    walk.turned[repl[todo]] = rturned
 
     # ---- step 5: the other replicas: pass A (all rules), fill (filter only), overflow rounds (caps + t)
     walk.run(part_rows, goal_a, rules_a, cap)
@@ -591,18 +850,55 @@ def _place_unit(unit: _Unit, nodes: NodeSet, cols: _Columns, slack: tuple[float,
         walk.run(np.concatenate(fill_rows), need, rules_b, cap)
     # Repair: a row still short takes a full column from a row that can move that backup to a column with room.
     short = part_rows[walk.count[part_rows] < need[part_rows]]
+    repaired = 0
     if short.size:
         rule_of = np.full(rows, -1, dtype=np.int64)
         for i, (members, _) in enumerate(rules_a):
             rule_of[members] = i
-        _repair(walk, short, [(a[1], f[1]) for a, f in zip(rules_a, filters, strict=True)], rule_of, cap)
+        repaired = _repair(walk, short, [(a[1], f[1]) for a, f in zip(rules_a, filters, strict=True)], rule_of, cap)
     # Overflow rounds: rows still short walk again (hosts ignored) with every cap raised by 1, 2, ...
-    before = int(walk.count.sum())
     extra = 0
     while (short := part_rows[walk.count[part_rows] < need[part_rows]]).size:
         extra += 1
         walk.run(short, need, rules_b, cap + extra)
-    overflow = int(walk.count.sum()) - before
+
+    # ---- step 9d: nodes the walk left far below their share pull (from scratch: the low tail of the ranking), so
+    # that a later change finds none
+    pulled += _pull_replicas(walk, part_rows, share, cap, rules_a, primaries_now(), pcap)
+
+    # ---- step 9e: primaries over pcap hand over, nodes far below their primary share take some
+    pload = primaries_now()
+    if True:
+        is_repl = np.zeros(rows, dtype=bool)
+        is_repl[repl] = True
+        repl_pos = np.full(rows, -1, dtype=np.int64)
+        repl_pos[repl] = np.arange(repl.size)
+        prim_all = np.full(rows, -1, dtype=np.int64)
+        prim_all[part_rows] = walk.acc[part_rows, 0]
+        prim_all[repl] = rprim
+
+        def backups(r: int) -> list[int]:
+            if is_repl[r]:
+                order = ranking.full(np.array([r]))[0][0].tolist()
+                return [c for c in order if c != prim_all[r]]
+            return walk.acc[r, 1 : walk.count[r]].tolist()
+
+        def holds_backup(rs: npt.NDArray[np.intp], b: int) -> npt.NDArray[np.bool_]:
+            return np.asarray(is_repl[rs] | (walk.acc[rs, 1:] == b).any(axis=1))
+
+        def swap(r: int, d: int) -> None:
+            old = int(prim_all[r])
+            if is_repl[r]:
+                rprim[repl_pos[r]] = d
+            else:
+                j = int(np.flatnonzero(walk.acc[r] == d)[0])
+                walk.acc[r, 0], walk.acc[r, j] = d, old
+            prim_all[r] = d
+            pload[old] -= 1
+            pload[d] += 1
+            walk.turned[r] = True
+
+        _fix_primaries(ranking, prim_all, backups, holds_backup, swap, pshare, pcap, pload)
 
     # ---- step 6: assemble (columns -> NodeSet indexes)
     matrices: dict[str, IntMatrix] = {}
@@ -623,8 +919,11 @@ def _place_unit(unit: _Unit, nodes: NodeSet, cols: _Columns, slack: tuple[float,
         pshare=pshare,
         pcap=pcap,
         turned_away={g.name: walk.turned[o : o + g.partitions] for g, o in zip(unit.groups, unit.offsets, strict=True)},
-        overflow=overflow,
-        primary_overflow=late + rlate,
+        overflow=int(np.maximum(walk.load - cap, 0).sum()),
+        primary_overflow=int(np.maximum(primaries_now() - pcap, 0).sum()),
+        pulled=pulled,
+        shed=shed,
+        repaired=repaired,
     )
 
 
@@ -656,6 +955,7 @@ def place_balanced(
     spread: bool,
     replica_slack: float = REPLICA_SLACK,
     primary_slack: float = PRIMARY_SLACK,
+    previous: PreviousPlacement | None = None,
 ) -> BalancedPlacement:
     """The balanced-v1 placement of ``groups`` on ``nodes``, with its shares, caps and counters.
 
@@ -668,6 +968,9 @@ def place_balanced(
         replica_slack: caps are max(ceil(share), floor(share * (1 + slack))); larger slack = fewer full nodes,
             hence fewer partitions turned away and fewer copies moved on a change (docs/AFFINITY.md).
         primary_slack: the same for primaries.
+        previous: the placement to continue from (docs step 9; the exchange passes the last committed ideal
+            assignment): replicas on nodes that are still candidates stay where the caps and the pull rule let
+            them. None places from scratch.
 
     Returns:
         The placement; ``matrices[name]`` is ``int32`` partitions x replicas, replicas = min(backups + 1, nodes)
@@ -690,14 +993,15 @@ def place_balanced(
     if n == 0:
         empty = {g.name: np.full((g.partitions, 0), -1, dtype=np.int32) for g in groups}
         none = {g.name: np.zeros(g.partitions, dtype=bool) for g in groups}
-        return BalancedPlacement(empty, zeros_f, zeros_i, zeros_f, zeros_i, none, 0, 0)
+        return BalancedPlacement(empty, zeros_f, zeros_i, zeros_f, zeros_i, none, 0, 0, 0, 0)
     cols: _Columns = nodes.derived("balanced", _columns)
     share, cap, pshare, pcap = zeros_f.copy(), zeros_i.copy(), zeros_f.copy(), zeros_i.copy()
     matrices: dict[str, IntMatrix] = {}
     turned: dict[str, npt.NDArray[np.bool_]] = {}
-    over = pover = 0
+    over = pover = pulled = shed = repaired = 0
     for unit, receivers in _units(groups, spread):
-        res = _place_unit(unit, nodes, cols, (replica_slack, primary_slack))
+        kept = None if previous is None else _previous_rows(previous, unit, receivers, nodes, cols)
+        res = _place_unit(unit, nodes, cols, (replica_slack, primary_slack), kept)
         for g in receivers:
             source = g.name if g.name in res.matrices else unit.groups[0].name
             matrices[g.name] = res.matrices[source].copy()
@@ -710,16 +1014,35 @@ def place_balanced(
         pcap[cols.perm] += res.pcap * times
         over += res.overflow * times
         pover += res.primary_overflow * times
-    return BalancedPlacement(matrices, share, cap, pshare, pcap, turned, over, pover)
+        pulled += res.pulled * times
+        shed += res.shed * times
+        repaired += res.repaired * times
+    return BalancedPlacement(matrices, share, cap, pshare, pcap, turned, over, pover, pulled, shed, repaired)
 
 
-def assign_balanced(groups: Iterable[BalancedGroup], nodes: NodeSet, *, spread: bool) -> dict[str, IntMatrix]:
+def _previous_rows(previous: PreviousPlacement, unit: _Unit, receivers: list[BalancedGroup], nodes: NodeSet,
+                   cols: _Columns) -> IntMatrix:
+    """A unit's previous rows as columns: each group's own (collocated: the first receiver by name that has one)."""
+    parts = []
+    for g in unit.groups:
+        source = next((m.name for m in [g, *receivers] if m.name in previous.matrices), g.name)
+        parts.append(previous.columns(source, g.partitions, nodes, cols))
+    width = max((p.shape[1] for p in parts), default=1)
+    kept = np.full((unit.hkeys.size, width), -1, dtype=np.int32)
+    for g, o, part in zip(unit.groups, unit.offsets, parts, strict=True):
+        kept[o : o + g.partitions, : part.shape[1]] = part
+    return kept
+
+
+def assign_balanced(groups: Iterable[BalancedGroup], nodes: NodeSet, *, spread: bool,
+                    previous: PreviousPlacement | None = None) -> dict[str, IntMatrix]:
     """The balanced-v1 replica matrices of ``groups`` (see :func:`place_balanced`, which also returns the caps).
 
     Args:
         groups: every group placed together; order does not matter.
         nodes: the candidate (alive server) nodes; order does not matter.
         spread: balance all groups together (True) or collocate equal groups (False).
+        previous: the placement to continue from (see :func:`place_balanced`), or None.
 
     Returns:
         group name -> ``int32`` matrix partitions x replicas of indexes into ``nodes``, column 0 the primary.
@@ -727,4 +1050,4 @@ def assign_balanced(groups: Iterable[BalancedGroup], nodes: NodeSet, *, spread: 
     Raises:
         InvalidBalancedGroupError: two groups share a name.
     """
-    return place_balanced(groups, nodes, spread=spread).matrices
+    return place_balanced(groups, nodes, spread=spread, previous=previous).matrices
