@@ -11,9 +11,11 @@ Contract:
   primaries count every group. A ratio is ``count / share``; the report's ratios are the maxima over nodes, so 1.0
   is perfectly even and 1.05 means the most loaded node holds 5 % more than its share.
 - "What balanced would move": every running group placed by ``place_balanced`` over the same alive servers (each
-  group's mode, backups, exclude_neighbors and backup filter as configured, ``affinity.balanced_spread``), compared
-  with the current ideal: the copies it would place on a node that the current ideal does not name, and the ratios
-  it would reach. For a cluster already on ``balanced`` that is 0 copies.
+  group's mode, backups, exclude_neighbors and backup filter as configured, ``affinity.balanced_spread``),
+  continuing from the current ideal as an exchange would (docs/AFFINITY.md step 9: replicas stay unless their node
+  is over its cap or a node far below its share pulls them), compared with the current ideal: the copies it would
+  place on a node that the current ideal does not name, and the ratios it would reach. For a cluster already on
+  ``balanced`` that is 0 copies.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rebalancer.affinity.balanced import BalancedGroup, place_balanced
+from rebalancer.affinity.ideal import previous_placement
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.inputs import latest_version
 from rebalancer.storage import Warehouse
@@ -181,7 +184,7 @@ def _balanced_alternative(
                             bool(g["exclude_neighbors"]), tuple(g["backup_filter"] or ())) for g in groups]
     if not wanted or width == 0:
         return 0, replicas, primaries
-    matrices = place_balanced(wanted, nodes, spread=spread).matrices
+    matrices = place_balanced(wanted, nodes, spread=spread, previous=previous_placement(ideal)).matrices
     index = {n: i for i, n in enumerate(nodes.node_ids)}
     current: set[tuple[str, int, int]] = set()
     for g, p, n in zip(ideal.column("group_name").to_pylist(), ideal.column("partition_id").to_pylist(),

@@ -42,8 +42,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from rebalancer.affinity.assign import assign_indexes
-from rebalancer.affinity.balanced import BalancedGroup, assign_balanced
-from rebalancer.affinity.ideal import ideal_assignment
+from rebalancer.affinity.balanced import BalancedGroup, PreviousPlacement, assign_balanced
+from rebalancer.affinity.ideal import ideal_assignment, previous_placement
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.config import Settings
 from rebalancer.exchange import routing
@@ -554,6 +554,16 @@ class _Run:
             return balanced
         return set()
 
+    def _balanced_previous(self, prev: Committed | None, groups: Mapping[str, GroupSettings]
+                           ) -> PreviousPlacement | None:
+        """The balanced groups' ideal assignment at the previous version: their new placement continues from it
+        (docs/AFFINITY.md step 9), so a change moves what it must and little more."""
+        names = [g for g, s in groups.items() if s.affinity == BALANCED]
+        if prev is None or not names:
+            return None
+        rows = self.warehouse.read_arrow("ideal_assignment", where=version_where(prev.version))
+        return previous_placement(rows.filter(pc.is_in(rows.column("group_name"), pa.array(names, pa.string()))))
+
     def _nodes_changed(self, prev: Committed, step: ExchangeStep) -> bool:
         """Whether a server alive before and now changed what placement reads (host, attributes, capacity, ...)."""
         then = prev.input_versions.get("nodes")
@@ -593,7 +603,8 @@ class _Run:
             groups=groups,
             history_threshold=self.settings.rebalance.history_threshold,
             ids_as_strings=self.settings.affinity.ignite_ids_as_strings,
-            placements=_balanced_placements(groups, nodes, self.settings.affinity.balanced_spread),
+            placements=_balanced_placements(groups, nodes, self.settings.affinity.balanced_spread,
+                                            self._balanced_previous(prev, groups)),
         )
         spark = self.spark
         sizes = {g: s.partitions for g, s in groups.items()}
@@ -905,9 +916,11 @@ def _split_small(collected: pa.Table) -> tuple[dict[str, pa.Table], dict[str, in
     return tables, counts
 
 
-def _balanced_placements(groups: Mapping[str, GroupSettings], nodes: NodeSet, spread: bool) -> dict[str, Any]:
+def _balanced_placements(groups: Mapping[str, GroupSettings], nodes: NodeSet, spread: bool,
+                         previous: PreviousPlacement | None) -> dict[str, Any]:
     """The replica matrices of the running ``balanced`` groups, placed together on the driver (the kernel's tasks
-    get them in their context: the placement is a function of every balanced group, not of one partition)."""
+    get them in their context: the placement is a function of every balanced group, not of one partition), continuing
+    from ``previous``."""
     balanced = [BalancedGroup(s.name, s.partitions, s.backups, s.mode, s.exclude_neighbors, s.backup_filter)
                 for s in groups.values() if s.affinity == BALANCED]
-    return assign_balanced(balanced, nodes, spread=spread) if balanced and len(nodes) else {}
+    return assign_balanced(balanced, nodes, spread=spread, previous=previous) if balanced and len(nodes) else {}

@@ -858,3 +858,19 @@ def test_continued_movement_bounds_on_a_large_cluster() -> None:
     assert (created, unforced) == (math.floor(16 * 256 * 3 / 41), 0)
     replicas, primaries = loads(after, groups, 41)
     assert replicas.max() / replicas.mean() <= 1.05 and primaries.max() / primaries.mean() <= 1.10
+
+
+@given(nodes=clusters(), groups=group_lists(), spread=st.booleans(), join=st.booleans(), seed=st.integers(0, 2**16))
+def test_continuing_from_itself_changes_nothing(
+    nodes: NodeSet, groups: list[BalancedGroup], spread: bool, join: bool, seed: int
+) -> None:
+    """A placement is a fixpoint of step 9 (no overflow): an exchange that re-places balanced groups without a
+    change (or recomputes settled partitions) gets the same lists."""
+    after_nodes, _ = _change(nodes, random.Random(seed), join) if len(nodes) > 1 else (nodes, "")
+    _, first, _, _ = _continue(groups, nodes, after_nodes, spread)
+    again = place_balanced(groups, after_nodes, spread=spread,
+                           previous=PreviousPlacement.of(first.matrices, after_nodes))
+    if first.overflow == 0 and first.primary_overflow == 0:
+        for g in groups:
+            assert np.array_equal(again.matrices[g.name], first.matrices[g.name]), g
+        assert (again.pulled, again.shed, again.repaired) == (0, 0, 0)

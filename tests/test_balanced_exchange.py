@@ -1,5 +1,6 @@
 """The ``balanced`` affinity in the exchange: balanced groups placed together, as the Spark-free client places them;
-a failure re-places them, plans exactly the copies the new placement lacks and keeps every node within its cap."""
+a failure continues from the previous placement, plans exactly the failed node's copies and keeps every node within
+its cap."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from rebalancer.client.affinity import BalancedGroup, InvalidGroupSettingsError, NodeSet, assign, place_balanced
+from rebalancer.client.affinity import (
+    BalancedGroup,
+    InvalidGroupSettingsError,
+    NodeSet,
+    PreviousPlacement,
+    assign,
+    place_balanced,
+)
 from tests.exchange_scenarios import Cluster
 
 BALANCED_GROUPS = [BalancedGroup("a", 48, 1), BalancedGroup("b", 48, 1), BalancedGroup("c", 20, 2)]
@@ -28,8 +36,10 @@ def _ideal(c: Cluster, version: tuple[int, int]) -> dict[str, list[list[str]]]:
     return {g: [[n for _, n in sorted(parts[p])] for p in sorted(parts)] for g, parts in lists.items()}
 
 
-def _client_lists(nodes: NodeSet, spread: bool) -> tuple[dict[str, list[list[str]]], Any]:
-    placed = place_balanced(BALANCED_GROUPS, nodes, spread=spread)
+def _client_lists(nodes: NodeSet, spread: bool, previous: dict[str, list[list[str]]] | None = None
+                  ) -> tuple[dict[str, list[list[str]]], Any]:
+    placed = place_balanced(BALANCED_GROUPS, nodes, spread=spread,
+                            previous=None if previous is None else PreviousPlacement.from_lists(previous))
     ids = nodes.node_ids
     lists = {g: [[ids[i] for i in row if i >= 0] for row in m] for g, m in placed.matrices.items()}
     return lists, placed
@@ -54,7 +64,7 @@ def test_balanced_groups_follow_the_client_through_a_failure(spark: Any, tmp_pat
     v2 = (failed.topology_major, failed.topology_minor)
     survivors = [n for n in SERVERS if n != "n2"]
     nodes = _node_set(c, survivors)
-    after, placed = _client_lists(nodes, spread)
+    after, placed = _client_lists(nodes, spread, previous=before)
     ideal = _ideal(c, v2)
     assert {g: ideal[g] for g in after} == after
     # every survivor within its cap of replicas and primaries (the algorithm's bound, docs/AFFINITY.md)
@@ -69,6 +79,8 @@ def test_balanced_groups_follow_the_client_through_a_failure(spark: Any, tmp_pat
     needed = {(g, p, n) for g in after for p, row in enumerate(after[g]) for n in row
               if n not in before[g][p] or n == "n2"}
     assert {k for k in plan if k[0] in after} == needed
+    # ... which are exactly as many as the failed node held: no copy moves between two nodes that stay
+    assert len(needed) == sum(row.count("n2") for g in before for row in before[g])
 
 
 def test_a_balanced_group_cannot_be_placed_on_its_own() -> None:

@@ -40,12 +40,12 @@ from rebalancer.affinity.assign import (
     normalise_affinity,
     normalise_mode,
 )
-from rebalancer.affinity.balanced import BalancedGroup, assign_balanced
+from rebalancer.affinity.balanced import BalancedGroup, PreviousPlacement, assign_balanced
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.config import AffinitySettings
 from rebalancer.vocabulary import BALANCED
 
-__all__ = ["IDEAL_ASSIGNMENT_STAGE", "GroupAffinity", "ideal_assignment"]
+__all__ = ["IDEAL_ASSIGNMENT_STAGE", "GroupAffinity", "ideal_assignment", "previous_placement"]
 
 IDEAL_ASSIGNMENT_STAGE = StructType(
     [
@@ -224,3 +224,24 @@ def _balanced_rows(nodes: NodeSet, groups: list[GroupAffinity], spread: bool) ->
                                 pa.array(rows.astype(np.int32)), pa.array(replica.astype(np.int32)),
                                 node_ids.take(pa.array(matrix[rows, replica]))], schema=_ARROW_SCHEMA))
     return pa.concat_tables(tables) if tables else _ARROW_SCHEMA.empty_table()
+
+
+def previous_placement(rows: pa.Table) -> PreviousPlacement:
+    """Ideal-assignment rows (``group_name``, ``partition_id``, ``replica_index``, ``node_id``; any other columns
+    ignored) as the placement the ``balanced`` affinity continues from."""
+    if rows.num_rows == 0:
+        return PreviousPlacement((), {})
+    nodes = rows.column("node_id").combine_chunks().dictionary_encode()
+    node_codes = nodes.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+    groups = rows.column("group_name").combine_chunks().dictionary_encode()
+    group_codes = groups.indices.to_numpy(zero_copy_only=False)
+    pids = rows.column("partition_id").to_numpy()
+    replicas = rows.column("replica_index").to_numpy()
+    matrices = {}
+    for code, name in enumerate(groups.dictionary.to_pylist()):
+        mine = group_codes == code
+        p, r = pids[mine], replicas[mine]
+        matrix = np.full((int(p.max()) + 1, int(r.max()) + 1), -1, dtype=np.int32)
+        matrix[p, r] = node_codes[mine]
+        matrices[name] = matrix
+    return PreviousPlacement(tuple(nodes.dictionary.to_pylist()), matrices)
