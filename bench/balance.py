@@ -20,7 +20,10 @@ Figures:
   failed node held; for a join = ceil(replicas / nodes after the join), the joiner's fair share;
 - ranking time: the ideal assignment of the whole scenario before the change, in this process (NumPy, one core),
   median and minimum of ``--runs`` runs after a warm-up, the affinities' runs interleaved (the minimum is the
-  figure least disturbed by other processes on a shared machine).
+  figure least disturbed by other processes on a shared machine); for ``balanced`` also the median time of the
+  placement after the failure continuing from the one before (what the exchange computes).
+- ``balanced`` after a change continues from the placement before it (docs/AFFINITY.md step 9), as the exchange
+  does; the others are stateless.
 
 Writes ``bench/results/balance.json``, prints a Markdown table and draws ``docs/images/balance-affinities.png``.
 Run from the repository root: ``.venv/bin/python bench/balance.py`` (``--only S,M,L`` for a subset,
@@ -153,6 +156,10 @@ def measure(s: Scenario, runs: int) -> list[dict[str, Any]]:
     failed = node_set([i for i in ids if i != failed_id])
     joined = node_set(ids + [f"node{s.nodes}"])
     seconds = timed({a: partial(place, a, s, base) for a in AFFINITIES}, runs)
+    # what the exchange runs after the failure: balanced continuing from the placement before it
+    placed = {a: place(a, s, base) for a in AFFINITIES if a.startswith("balanced")}
+    continued = timed({a: partial(place, a, s, failed, PreviousPlacement.of(m, base)) for a, m in placed.items()},
+                      runs)
     rows = []
     for affinity in AFFINITIES:
         before = place(affinity, s, base)
@@ -171,6 +178,7 @@ def measure(s: Scenario, runs: int) -> list[dict[str, Any]]:
             "failure_moved": moved(before, base, after_failure, failed), "failure_minimum": held,
             "join_moved": moved(before, base, after_join, joined), "join_minimum": fair,
             "seconds": seconds[affinity][0], "seconds_min": seconds[affinity][1],
+            "continue_seconds": continued[affinity][0] if affinity in continued else None,
         })
         print(f"  {s.name} {affinity}: {rows[-1]['failure_moved']}/{held} {rows[-1]['join_moved']}/{fair} "
               f"{seconds[affinity][0]:.2f}s", flush=True)
@@ -186,8 +194,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| scenario | affinity | replicas per node after the failure, max / mean / min (max/mean) | primaries, "
         "max / mean / min (max/mean) | worst max/mean of before, failure, join: replicas / primaries | "
-        "failure: copies moved / failed node's copies | join: copies moved / fair share | ranking time, median (min) |",
-        "|---|---|---|---|---|---|---|---|",
+        "failure: copies moved / failed node's copies | join: copies moved / fair share | ranking time, median (min) | "
+        "after the failure, continuing |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         e, w = r["after_failure"], r["worst"]
@@ -196,7 +205,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{e['replicas_min']:,} ({e['replicas_ratio']:.3f}) | {e['primaries_max']:,} / {e['primaries_mean']:,.1f}"
             f" / {e['primaries_min']:,} ({e['primaries_ratio']:.3f}) | {w['replicas_ratio']:.3f} / "
             f"{w['primaries_ratio']:.3f} | {pct(r['failure_moved'], r['failure_minimum'])} | "
-            f"{pct(r['join_moved'], r['join_minimum'])} | {r['seconds']:.2f} s ({r['seconds_min']:.2f} s) |"
+            f"{pct(r['join_moved'], r['join_minimum'])} | {r['seconds']:.2f} s ({r['seconds_min']:.2f} s) | "
+            + (f"{r['continue_seconds']:.2f} s |" if r.get("continue_seconds") is not None else "- |")
         )
     return "\n".join(lines)
 

@@ -592,12 +592,14 @@ def balance_table(data: dict[str, Any]) -> list[str]:
                      f"{e['replicas_min']:,} ({e['replicas_ratio']:.3f})", f"{e['primaries_max']:,} / "
                      f"{e['primaries_mean']:,.1f} / {e['primaries_min']:,} ({e['primaries_ratio']:.3f})",
                      moved(r["failure_moved"], r["failure_minimum"]), moved(r["join_moved"], r["join_minimum"]),
-                     f"{r['seconds']:.2f} s ({r['seconds_min']:.2f} s)"])
+                     f"{r['seconds']:.2f} s ({r['seconds_min']:.2f} s)",
+                     f"{r['continue_seconds']:.2f} s" if r.get("continue_seconds") is not None else "-"])
     rel = os.path.relpath(IMAGES / "balance-affinities.png", DOC.parent)
     return [f"Measured {data.get('date', 'undated')}: {data.get('machine', '')}; {data.get('versions', '')}.", "",
             *table(["scenario", "affinity", "replicas per node after the failure: max / mean / min (max/mean)",
                     "primaries: max / mean / min (max/mean)", "failure: copies moved / minimum",
-                    "join: copies moved / minimum", "ranking time, median (min)"], rows),
+                    "join: copies moved / minimum", "ranking time, median (min)",
+                    "after the failure, continuing from before (balanced)"], rows),
             "", f"![evenness and movement of rendezvous, ignite and balanced]({rel})"]
 
 
@@ -876,9 +878,10 @@ def render(results: dict[str, Any], images: Path | None, source: str, before: Be
          "(docs/AFFINITY.md)."),
         ("balance", "Affinities side by side: evenness and movement (`bench/balance.py`)", balance_table,
          "The scenarios' clusters placed by `rendezvous`, `ignite` and `balanced` (spread and collocate), one failure "
-         "(`node{N/2}`) and one join (`node{N}`) each, no Spark: replicas and primaries per node after the failure, "
-         "copies moved against the minimum (the failed node's copies; the joiner's fair share), and the ranking time "
-         "of the whole scenario on one core (docs/AFFINITY.md explains the algorithm and the bounds)."),
+         "(`node{N/2}`) and one join (`node{N}`) each, no Spark (`balanced` continues from the placement before the "
+         "change, as the exchange does): replicas and primaries per node after the failure, copies moved against "
+         "the minimum (the failed node's copies; the joiner's fair share), and the ranking time of the whole "
+         "scenario on one core (docs/AFFINITY.md explains the algorithm and the bounds)."),
         ("demo", "The demo (`rebalancer demo`)", demo_table, "The whole process, as `make demo` runs it after the "
          "install."),
     ):

@@ -1,4 +1,5 @@
-"""balanced-v1: golden vectors, evenness and movement properties, constraints, determinism (no Spark).
+"""balanced-v2: golden vectors, evenness and movement properties (from scratch and continuing), constraints,
+determinism (no Spark).
 
 Property tests run under the suite's hypothesis profile: ``ci`` (25 examples per test, the default) or
 ``HYPOTHESIS_PROFILE=soak`` (1,000 per test, thousands in all), e.g.

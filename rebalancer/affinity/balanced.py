@@ -1,12 +1,13 @@
-"""Balanced affinity "balanced-v1": rendezvous ranking with bounded loads (SPEC section 4, docs/AFFINITY.md).
+"""Balanced affinity "balanced-v2": rendezvous ranking with bounded loads, continued from the previous placement
+(SPEC section 4, docs/AFFINITY.md).
 
 Contract:
 - A whole-placement function, not a per-partition one: :func:`place_balanced` takes every group that is placed
   together and the candidate nodes, and returns one ``int32`` matrix per group (partitions x replicas of indexes
   into ``nodes``, column 0 the primary, -1 = slot the backup filter leaves empty), the shape
   ``rebalancer.client.affinity.assign_indexes`` returns.
-- Deterministic: the result depends on the node set and the groups' settings only, not on the order either is
-  given in (columns are ranked in node_id order, groups in name order).
+- Deterministic: the result depends on the node set, the groups' settings and the previous placement only, not
+  on the order nodes or groups are given in (columns are ranked in node_id order, groups in name order).
 - ``spread=False`` (collocate, as Ignite): groups with equal (partitions, backups, mode, exclude_neighbors,
   backup_filter) form one *unit*, get identical placements, and each unit is balanced on its own. The ranking is
   exactly the rendezvous-mmh3-v1 ranking. ``spread=True``: all groups form one unit, balanced together; each
@@ -15,8 +16,9 @@ Contract:
   ``primary_cap`` primaries, where cap = max(ceil(share), floor(share * (1 + slack))) with slack 0.05 for replicas
   and 0.10 for primaries, share = the node's capacity-weighted fair share (water-filled where a node or a backup
   filter class cannot take more than one replica of a partition). The only exceptions are the *overflow*
-  placements counted in :class:`BalancedPlacement`: a partition whose every admissible node is full, after a
-  repair step failed to free one by moving another partition's backup to a node with room.
+  counted in :class:`BalancedPlacement`: a partition whose every admissible node is full, after a repair step
+  failed to free one by moving another partition's backup to a node with room. A node under half its share pulls
+  replicas (and primaries) up to its share where a node above its own share can give one.
 - Movement: placed from scratch, a partition that no full node turned away gets exactly its rendezvous replica
   set. Given the ``previous`` placement (the last committed ideal assignment), the placement *continues* from it
   (docs step 9): every replica on a node that is still a candidate stays unless its node is over its cap or a node
@@ -137,8 +139,9 @@ class BalancedPlacement:
         replica_cap: the bound on PARTITIONED replicas per node (summed over units).
         primary_share: fair share of primaries per node (all groups).
         primary_cap: the bound on primaries per node.
-        turned_away: group name -> per partition, whether a full node turned it away at least once (its list may
-            then differ from the rendezvous list; the others' lists equal it).
+        turned_away: group name -> per partition, whether a full node turned it away at least once, or step 9
+            pulled, shed or handed over one of its replicas (its list may then differ from the rendezvous list;
+            placed from scratch, the others' lists equal it).
         overflow: replicas beyond a cap at the end, summed over nodes (a partition whose every admissible node
             was full, or whose primary every node's primary cap turned away; 0 in the proved cases).
         primary_overflow: primaries beyond a cap at the end (every replica of the partition was at its cap when
@@ -282,7 +285,7 @@ def _water_fill(weights: npt.NDArray[np.float64], total: float, limit: float) ->
 def _replica_share(
     partitions: int, backups: int, names: tuple[str, ...], nodes: NodeSet, cols: _Columns
 ) -> npt.NDArray[np.float64]:
-    """Fair share of one PARTITIONED group's replicas per column (docs/AFFINITY.md, balanced-v1 step 2)."""
+    """Fair share of one PARTITIONED group's replicas per column (docs/AFFINITY.md, balanced-v2 step 4)."""
     n = cols.perm.size
     caps = cols.capacities
     # Classes that hold at most one replica of a partition: the filter's, else every node on its own.
@@ -957,7 +960,7 @@ def place_balanced(
     primary_slack: float = PRIMARY_SLACK,
     previous: PreviousPlacement | None = None,
 ) -> BalancedPlacement:
-    """The balanced-v1 placement of ``groups`` on ``nodes``, with its shares, caps and counters.
+    """The balanced-v2 placement of ``groups`` on ``nodes``, with its shares, caps and counters.
 
     Args:
         groups: every group placed together (names unique); their order does not matter.
@@ -1036,7 +1039,7 @@ def _previous_rows(previous: PreviousPlacement, unit: _Unit, receivers: list[Bal
 
 def assign_balanced(groups: Iterable[BalancedGroup], nodes: NodeSet, *, spread: bool,
                     previous: PreviousPlacement | None = None) -> dict[str, IntMatrix]:
-    """The balanced-v1 replica matrices of ``groups`` (see :func:`place_balanced`, which also returns the caps).
+    """The balanced-v2 replica matrices of ``groups`` (see :func:`place_balanced`, which also returns the caps).
 
     Args:
         groups: every group placed together; order does not matter.
