@@ -70,6 +70,11 @@ class ValidationSettings(_Strict):
     strict: bool = False
 
 
+class BaselineConfig(_Strict):
+    auto_adjust: bool = True
+    auto_adjust_timeout_s: float = Field(0.0, ge=0)
+
+
 class Settings(_Strict):
     """Every setting of the engine; see ``conf/default.toml`` for what each means."""
 
@@ -80,6 +85,7 @@ class Settings(_Strict):
     rebalance: RebalanceSettings = RebalanceSettings()
     migration: MigrationSettings = MigrationSettings()
     validation: ValidationSettings = ValidationSettings()
+    baseline: BaselineConfig = BaselineConfig()
 
     def with_overrides(self, **sections: dict[str, Any]) -> Settings:
         """A copy with some keys replaced, validated like a file: ``s.with_overrides(storage={"warehouse": "w"})``."""

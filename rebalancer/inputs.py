@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from rebalancer.config import Settings
-from rebalancer.exchange.events import Event, NodeInfo, Rejection, TopologyState, late_events
+from rebalancer.exchange.events import ClusterState, Event, NodeInfo, Rejection, TopologyState, late_events
 from rebalancer.storage import Warehouse
 from rebalancer.tables import INPUT_TABLES, REJECTED_ROWS
 from rebalancer.validation import ROW_COLUMN, Consumer, InvalidInputError, Validated, validate_inputs
@@ -87,7 +87,16 @@ def last_committed(warehouse: Warehouse) -> Committed | None:
         "topology", where={"topology_major": row["topology_major"], "topology_minor": row["topology_minor"]}
     ).to_pylist()
     alive = {t["node_id"]: NodeInfo(int(t["node_order"]), bool(t["is_client"])) for t in topology}
-    state = TopologyState(row["topology_major"], row["topology_minor"], alive, frozenset(row["running_groups"] or []))
+    baseline = row.get("baseline_nodes")
+    cluster = ClusterState(
+        baseline=frozenset(baseline) if baseline is not None else None,
+        active=row.get("cluster_active") is not False,  # null: a version written before the column existed
+        draining=frozenset(row.get("draining_nodes") or []),
+        last_node_event_at=row.get("last_node_event_at"),
+        adjust_due=bool(row.get("baseline_adjust_due")),
+    )
+    state = TopologyState(row["topology_major"], row["topology_minor"], alive, frozenset(row["running_groups"] or []),
+                          cluster)
     return Committed(
         exchange_id=row["exchange_id"],
         state=state,
@@ -197,7 +206,7 @@ def read_inputs(
         valid_small = {name: _valid(name, table, rejected_all, validated) for name, table in small.items()}
         references = _references(small, valid_small)
     events = [
-        Event(r["event_seq"], r["event_type"], r["node_id"], r["group_name"])
+        Event(r["event_seq"], r["event_type"], r["node_id"], r["group_name"], r["event_time"])
         for r in valid_small["topology_events"].to_pylist()
     ]
     last_seq = committed.last_event_seq if committed else 0

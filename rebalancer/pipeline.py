@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
@@ -48,7 +49,15 @@ from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.config import Settings
 from rebalancer.exchange import routing
 from rebalancer.exchange.batches import KINDS, OUTPUT_SCHEMA, SUMMARY, SUMMARY_COLUMNS, decide_stream
-from rebalancer.exchange.events import ExchangeStep, NodeInfo, TopologyState, coordinator_of, plan_exchanges
+from rebalancer.exchange.events import (
+    BaselineSettings,
+    ClusterState,
+    ExchangeStep,
+    NodeInfo,
+    TopologyState,
+    coordinator_of,
+    plan_exchanges,
+)
 from rebalancer.exchange.kernel import (
     ASSIGNMENT,
     DECISION_SCHEMAS,
@@ -224,7 +233,8 @@ def run_exchange(
             inputs = read_inputs(spark, warehouse, settings, committed, first_id)
             state = committed.state if committed else TopologyState()
             steps, rejections = plan_exchanges(
-                state, inputs.events, inputs.node_catalog, inputs.groups.column("group_name").to_pylist()
+                state, inputs.events, inputs.node_catalog, inputs.groups.column("group_name").to_pylist(),
+                BaselineSettings(settings.baseline.auto_adjust, settings.baseline.auto_adjust_timeout_s),
             )
             rejections = inputs.late + rejections
             if rejections and settings.validation.strict:
@@ -237,9 +247,11 @@ def run_exchange(
         summaries: list[ExchangeSummary] = []
         prev = committed
         if not steps and committed is not None:
+            if not state.cluster.active:
+                return []  # an inactive cluster moves no data: no late affinity switch either
             switch = ExchangeStep(
                 state.major, state.minor + 1, LATE_AFFINITY_SWITCH, (), state.alive, state.groups,
-                coordinator=coordinator_of(state.alive),
+                coordinator=coordinator_of(state.alive), cluster=state.cluster,
             )
             summary = run.exchange(switch, prev, meter, last=True, switch_check=True)
             return [summary] if summary is not None else []
@@ -349,6 +361,7 @@ class _Run:
                 loss_policy=g["loss_policy"] or "READ_WRITE_SAFE",
                 started=name in step.new_groups or name not in before,
                 reset=name in step.reset_groups,
+                persistent=g.get("persistent") is not False,  # SPEC: null = true
             )
         return out
 
@@ -356,7 +369,7 @@ class _Run:
         merged = (prev.merged_event_seqs if prev else frozenset()) | frozenset(step.merged_event_seqs)
         return Committed(
             exchange_id=summary.exchange_id,
-            state=TopologyState(step.major, step.minor, step.alive, step.groups),
+            state=TopologyState(step.major, step.minor, step.alive, step.groups, step.cluster),
             last_event_seq=max(merged, default=0),
             merged_event_seqs=merged,
             max_report_seq=self.max_report_seq if self.reports_consumed else (prev.max_report_seq if prev else None),
@@ -420,6 +433,8 @@ class _Run:
             self.max_report_seq = newest if newest >= 0 else None
             if reports is not None:
                 record_rejections(self.warehouse, reports.rejected)
+        if not step.cluster.active:  # a deactivated cluster moves no data (the maps still record the version)
+            small["steps"] = small["steps"].slice(0, 0)
         with meter.stage("plan"):
             plan, bound = schedule_plan(finish_plan(small["steps"], self.settings.migration), self.settings.migration)
         try:
@@ -467,7 +482,9 @@ class _Run:
 
     # ---- which partitions can change ----
     def _unsettled(self, step: ExchangeStep, prev: Committed | None, reports: Reports | None) -> _Unsettled:
-        if prev is None or not self.carry or self._nodes_changed(prev, step):
+        if prev is None or not self.carry or self._nodes_changed(prev, step) or step.activated or (
+                _placing(prev.state.alive, prev.state.cluster) != _placing(step.alive, step.cluster)):
+            # activation validates counters across every report; a drain or a baseline change moves placements
             return _Unsettled(everything=True)
         before, now = prev.state, step
         servers_before = {n for n, i in before.alive.items() if not i.is_client}
@@ -554,6 +571,38 @@ class _Run:
             return balanced
         return set()
 
+    def _placements(self, step: ExchangeStep, prev: Committed | None, groups: Mapping[str, GroupSettings],
+                    alive: NodeSet) -> dict[str, Any]:
+        """Replica matrices (indexes into ``alive``) decided on the driver instead of in the kernel: balanced groups
+        (placed together), and every group whose candidates are not the alive servers - draining nodes leave the
+        placement while they still serve, and persistent groups are placed over the baseline, where an offline node
+        keeps its place but gets no copy (docs/EXCHANGE.md "Baseline, activation, drain")."""
+        everyone = frozenset(alive.node_ids)
+        candidates = {name: self._candidates(step, s) for name, s in groups.items()}
+        out: dict[str, Any] = {}
+        for chosen in sorted(set(candidates.values()), key=sorted):
+            members = {g: s for g, s in groups.items() if candidates[g] == chosen}
+            nodes = alive if chosen == everyone else NodeSet.from_rows([self._nodes[n] for n in sorted(chosen)])
+            placed = _balanced_placements(members, nodes, self.settings.affinity.balanced_spread,
+                                          self._balanced_previous(prev, members))
+            if chosen != everyone:
+                for g, s in members.items():
+                    if g not in placed:
+                        placed[g] = assign_indexes(
+                            np.arange(s.partitions), nodes, s.backups, s.affinity, s.mode, s.exclude_neighbors,
+                            s.backup_filter, self.settings.affinity.ignite_ids_as_strings)
+                placed = {g: _onto(m, nodes, alive) for g, m in placed.items()}
+            out.update(placed)
+        return out
+
+    def _candidates(self, step: ExchangeStep, settings: GroupSettings) -> frozenset[str]:
+        """The nodes a group is placed over: the alive servers not draining, or for a persistent group the
+        baseline (which may name offline nodes) when one is set."""
+        cluster = step.cluster
+        if settings.persistent and cluster.baseline is not None:
+            return frozenset(n for n in cluster.baseline if n in self._nodes)
+        return frozenset(n for n, i in step.alive.items() if not i.is_client and n not in cluster.draining)
+
     def _balanced_previous(self, prev: Committed | None, groups: Mapping[str, GroupSettings]
                            ) -> PreviousPlacement | None:
         """The balanced groups' ideal assignment at the previous version: their new placement continues from it
@@ -603,8 +652,7 @@ class _Run:
             groups=groups,
             history_threshold=self.settings.rebalance.history_threshold,
             ids_as_strings=self.settings.affinity.ignite_ids_as_strings,
-            placements=_balanced_placements(groups, nodes, self.settings.affinity.balanced_spread,
-                                            self._balanced_previous(prev, groups)),
+            placements=self._placements(step, prev, groups, nodes),
         )
         spark = self.spark
         sizes = {g: s.partitions for g, s in groups.items()}
@@ -764,6 +812,10 @@ class _Run:
             "input_versions": list(self._recorded_versions(prev, last).items()),
             "stage_seconds": list(s.stage_seconds.items()), "spark_jobs": s.spark_jobs,
             "stage_jobs": list(s.stage_jobs.items()) if s.spark_jobs is not None else None,
+            "baseline_nodes": sorted(step.cluster.baseline) if step.cluster.baseline is not None else None,
+            "cluster_active": step.cluster.active, "draining_nodes": sorted(step.cluster.draining),
+            "last_node_event_at": step.cluster.last_node_event_at,
+            "baseline_adjust_due": step.cluster.adjust_due,
         }
         self.warehouse.insert_absent_arrow("exchanges", pa.Table.from_pylist([row], schema=_arrow(EXCHANGES)),
                                            ["exchange_id"])
@@ -914,6 +966,25 @@ def _split_small(collected: pa.Table) -> tuple[dict[str, pa.Table], dict[str, in
     counts["max_report_seq"] = int(pc.max(summaries.column("max_report_seq")).as_py() or -1) if summaries.num_rows \
         else -1
     return tables, counts
+
+
+def _placing(alive: Mapping[str, NodeInfo], cluster: ClusterState) -> tuple[frozenset[str] | None, frozenset[str],
+                                                                           bool]:
+    """What of the cluster state decides placements and plans beyond the alive servers: a baseline that is not
+    simply the alive servers (auto-adjust makes it so after every node event), the draining nodes, activity."""
+    servers = frozenset(n for n, i in alive.items() if not i.is_client and n not in cluster.draining)
+    baseline = None if cluster.baseline is None or cluster.baseline == servers else cluster.baseline
+    return baseline, cluster.draining, cluster.active
+
+
+def _onto(matrix: npt.NDArray[np.int32], nodes: NodeSet, alive: NodeSet) -> npt.NDArray[np.int32]:
+    """A matrix of indexes into ``nodes`` as indexes into ``alive``: a node that is not alive leaves its slot, and
+    each row's alive nodes move up in order (so column 0 is the first alive one: the ideal primary)."""
+    where = {n: i for i, n in enumerate(alive.node_ids)}
+    to_alive = np.array([where.get(n, -1) for n in nodes.node_ids] + [-1], dtype=np.int32)
+    mapped = to_alive[np.where(matrix >= 0, matrix, len(nodes.node_ids))]
+    order = np.argsort(mapped < 0, axis=1, kind="stable")
+    return np.take_along_axis(mapped, order, axis=1)
 
 
 def _balanced_placements(groups: Mapping[str, GroupSettings], nodes: NodeSet, spread: bool,

@@ -116,6 +116,14 @@ EXCHANGES = _schema(
     ("stage_seconds", MapType(S, D)),
     ("spark_jobs", INT),
     ("stage_jobs", MapType(S, INT)),
+    # the cluster state the next exchange starts from (docs/EXCHANGE.md "Baseline, activation, drain"): the
+    # baseline nodes (null before it is set), whether the cluster is active, the draining servers, and the time of
+    # the newest node event with whether the baseline still has to follow it (auto-adjust timeout)
+    ("baseline_nodes", ArrayType(S)),
+    ("cluster_active", B),
+    ("draining_nodes", ArrayType(S)),
+    ("last_node_event_at", T),
+    ("baseline_adjust_due", B),
 )
 TOPOLOGY = _schema(*_VERSION, ("node_id", S), ("node_order", L), ("is_client", B))
 IDEAL_ASSIGNMENT = _schema(

@@ -6,6 +6,14 @@ Rules (SPEC "Exchange (PME)", Ignite's AffinityTopologyVersion):
   The merged exchange is ``ALL`` when any server node joined or left, ``NONE`` when only clients did.
 - CACHE_STARTED / CACHE_STOPPED bump the minor version (``CACHE_CHANGE``), one exchange each;
   RESET_LOST_PARTITIONS bumps the minor version (``RESET_LOST``).
+- Persistent clusters (docs/EXCHANGE.md "Baseline, activation, drain"; Ignite's ChangeGlobalStateMessage):
+  NODE_DRAINING is a node event (the node stays alive and serving, leaves the placement candidates and the
+  baseline); BASELINE_CHANGED (node_id null: the alive servers not draining become the baseline),
+  CLUSTER_ACTIVATED and CLUSTER_DEACTIVATED bump the minor version (``ALL``), one exchange each. The baseline
+  (:class:`BaselineSettings`): with auto-adjust and no timeout it is the alive servers not draining after every
+  event; with a timeout it follows them once an event arrives at least the timeout after the last node event;
+  without auto-adjust it is set by the first activation (or the first exchange with a server) and then only by
+  BASELINE_CHANGED and drains. A cluster with no activation event is active from its first exchange.
 - An event that cannot apply (a join of a node already alive, a leave of a node not alive, an event for a node
   or group the input tables do not know, a start of a running group, a stop of a stopped one) is rejected with a
   reason and changes nothing; it is still consumed, so it is not re-read forever.
@@ -20,14 +28,20 @@ The late affinity switch is decided from data (reports), not from events, by the
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 from rebalancer.vocabulary import (
     ALL,
+    BASELINE_CHANGED,
     CACHE_CHANGE,
     CACHE_EVENTS,
     CACHE_STARTED,
     CACHE_STOPPED,
+    CLUSTER_ACTIVATED,
+    CLUSTER_DEACTIVATED,
+    CLUSTER_EVENTS,
+    NODE_DRAINING,
     NODE_EVENTS,
     NODE_JOINED,
     NONE,
@@ -36,6 +50,8 @@ from rebalancer.vocabulary import (
 )
 
 __all__ = [
+    "BaselineSettings",
+    "ClusterState",
     "Event",
     "ExchangeStep",
     "NodeInfo",
@@ -60,16 +76,51 @@ class Event:
     event_type: str
     node_id: str | None = None
     group_name: str | None = None
+    event_time: datetime | None = None
+
+
+@dataclass(frozen=True)
+class BaselineSettings:
+    """``[baseline]`` of the configuration (Ignite's baseline auto-adjust; its defaults, for in-memory clusters).
+
+    Attributes:
+        auto_adjust: the baseline follows the alive servers (not draining).
+        auto_adjust_timeout_s: ... once an event arrives at least this long after the last node event (0: at once).
+    """
+
+    auto_adjust: bool = True
+    auto_adjust_timeout_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """The persistent-cluster facts of a version (docs/EXCHANGE.md "Baseline, activation, drain").
+
+    Attributes:
+        baseline: the baseline nodes (persistent groups are placed over them; some may be offline), or None
+            before it is first set.
+        active: False after CLUSTER_DEACTIVATED until CLUSTER_ACTIVATED: no data movement is planned.
+        draining: alive servers that are draining (copy sources, no longer placement candidates).
+        last_node_event_at: the time of the newest applied node event (the auto-adjust timeout counts from it).
+        adjust_due: a node event changed the alive servers since the baseline last followed them (timeout > 0).
+    """
+
+    baseline: frozenset[str] | None = None
+    active: bool = True
+    draining: frozenset[str] = frozenset()
+    last_node_event_at: datetime | None = None
+    adjust_due: bool = False
 
 
 @dataclass(frozen=True)
 class TopologyState:
-    """What a committed version says: its version, alive nodes and running groups."""
+    """What a committed version says: its version, alive nodes, running groups and cluster state."""
 
     major: int = 0
     minor: int = 0
     alive: Mapping[str, NodeInfo] = field(default_factory=dict)
     groups: frozenset[str] = frozenset()
+    cluster: ClusterState = ClusterState()
 
 
 @dataclass(frozen=True)
@@ -85,6 +136,8 @@ class ExchangeStep:
     new_groups: frozenset[str] = frozenset()
     reset_groups: frozenset[str] = frozenset()
     coordinator: str | None = None
+    cluster: ClusterState = ClusterState()
+    activated: bool = False  # this exchange activates the cluster: counters are validated across every report
 
 
 @dataclass(frozen=True)
@@ -99,10 +152,16 @@ def coordinator_of(alive: Mapping[str, NodeInfo]) -> str | None:
     return min(servers)[1] if servers else None
 
 
+def _servers(alive: Mapping[str, NodeInfo], draining: frozenset[str]) -> frozenset[str]:
+    """The alive servers that are not draining: the placement candidates, and what auto-adjust follows."""
+    return frozenset(n for n, i in alive.items() if not i.is_client and n not in draining)
+
+
 def _apply_node_event(
-    event: Event, alive: dict[str, NodeInfo], catalog: Mapping[str, NodeInfo]
+    event: Event, alive: dict[str, NodeInfo], catalog: Mapping[str, NodeInfo], draining: set[str]
 ) -> str | None:
-    """Apply a node event to ``alive`` in place; return a rejection reason instead when it cannot apply."""
+    """Apply a node event to ``alive`` and ``draining`` in place; return a rejection reason instead when it cannot
+    apply."""
     node = event.node_id
     if node is None:
         return f"{event.event_type} has no node_id"
@@ -112,6 +171,12 @@ def _apply_node_event(
         if node in alive:
             return f"NODE_JOINED for node {node!r}, which is already alive"
         alive[node] = catalog[node]
+    elif event.event_type == NODE_DRAINING:
+        if node not in alive or alive[node].is_client:
+            return f"NODE_DRAINING for node {node!r}, which is not an alive server node; the event changes nothing"
+        if node in draining:
+            return f"NODE_DRAINING for node {node!r}, which is already draining; the event changes nothing"
+        draining.add(node)
     else:
         if node not in alive:
             return (
@@ -119,7 +184,29 @@ def _apply_node_event(
                 "joined); the event changes nothing"
             )
         del alive[node]
+        draining.discard(node)
     return None
+
+
+def _cluster_event_problem(event: Event, cluster: ClusterState) -> str | None:
+    """Why a baseline or activation event cannot apply, or None when it can."""
+    if event.event_type == BASELINE_CHANGED and event.node_id is not None:
+        return (f"BASELINE_CHANGED names node {event.node_id!r}; it takes a null node_id (the alive server nodes "
+                "that are not draining become the baseline): start or stop nodes first, then change the baseline")
+    if event.event_type == CLUSTER_ACTIVATED and cluster.active:
+        return "CLUSTER_ACTIVATED while the cluster is active; the event changes nothing"
+    if event.event_type == CLUSTER_DEACTIVATED and not cluster.active:
+        return "CLUSTER_DEACTIVATED while the cluster is inactive; the event changes nothing"
+    return None
+
+
+def _due(cluster: ClusterState, settings: BaselineSettings, when: datetime | None) -> bool:
+    """Whether the auto-adjust timeout has passed at ``when`` (an event's time) since the last node event."""
+    if not (settings.auto_adjust and cluster.adjust_due):
+        return False
+    if cluster.last_node_event_at is None or when is None:
+        return False
+    return (when - cluster.last_node_event_at).total_seconds() >= settings.auto_adjust_timeout_s
 
 
 def plan_exchanges(
@@ -127,6 +214,7 @@ def plan_exchanges(
     pending: Iterable[Event],
     node_catalog: Mapping[str, NodeInfo],
     group_catalog: Iterable[str],
+    baseline: BaselineSettings = BaselineSettings(),
 ) -> tuple[list[ExchangeStep], list[Rejection]]:
     """Turn pending events (any order; processed by ``event_seq``) into the exchanges to commit.
 
@@ -140,6 +228,7 @@ def plan_exchanges(
         node_catalog: every valid node of the ``nodes`` table.
         group_catalog: every valid group of the ``cache_groups`` table. Groups with no CACHE_STARTED event
             start with the first exchange that has a server node (a generated cluster has no cache events).
+        baseline: the ``[baseline]`` settings.
 
     Returns:
         The exchanges in commit order, and the events that could not apply.
@@ -154,28 +243,47 @@ def plan_exchanges(
     major, minor = state.major, state.minor
     alive = dict(state.alive)
     groups = set(state.groups)
+    cluster = state.cluster
     steps: list[ExchangeStep] = []
     rejections: list[Rejection] = []
     events = sorted(pending, key=lambda e: e.event_seq)
 
+    def follow(c: ClusterState, draining: frozenset[str]) -> ClusterState:
+        """The baseline after an event: auto-adjust without a timeout follows the alive servers at once; the first
+        exchange with a server sets it; a drain removes the node from it."""
+        servers = _servers(alive, draining)
+        if baseline.auto_adjust and baseline.auto_adjust_timeout_s <= 0:
+            return replace(c, baseline=servers, draining=draining, adjust_due=False)
+        if c.baseline is None:
+            return replace(c, baseline=servers if servers else None, draining=draining)
+        return replace(c, baseline=c.baseline - draining, draining=draining)
+
     i = 0
     while i < len(events):
+        if _due(cluster, baseline, events[i].event_time):
+            # the timeout passed with no node event: the baseline follows the alive servers from here
+            cluster = replace(cluster, baseline=_servers(alive, cluster.draining), adjust_due=False)
         if events[i].event_type in NODE_EVENTS:
             merged: list[int] = []
             server_change = False
+            draining = set(cluster.draining)
+            last_at = cluster.last_node_event_at
             while i < len(events) and events[i].event_type in NODE_EVENTS:
                 event = events[i]
                 i += 1
-                reason = _apply_node_event(event, alive, node_catalog)
+                reason = _apply_node_event(event, alive, node_catalog, draining)
                 if reason is not None:
                     rejections.append(Rejection(event, reason))
                     continue
                 merged.append(event.event_seq)
                 major += 1
                 server_change = server_change or not node_catalog[event.node_id or ""].is_client
+                last_at = event.event_time or last_at
             if not merged:
                 continue
             minor = 0
+            cluster = follow(replace(cluster, last_node_event_at=last_at,
+                                     adjust_due=cluster.adjust_due or server_change), frozenset(draining))
             new_groups: frozenset[str] = frozenset()
             if implicit_groups and server_change:
                 new_groups, implicit_groups = implicit_groups, frozenset()
@@ -183,13 +291,35 @@ def plan_exchanges(
             steps.append(
                 ExchangeStep(
                     major, minor, ALL if server_change else NONE, tuple(merged), dict(alive),
-                    frozenset(groups), new_groups=new_groups, coordinator=coordinator_of(alive),
+                    frozenset(groups), new_groups=new_groups, coordinator=coordinator_of(alive), cluster=cluster,
                 )
             )
             continue
 
         event = events[i]
         i += 1
+        if event.event_type in CLUSTER_EVENTS:
+            reason = _cluster_event_problem(event, cluster)
+            if reason is not None:
+                rejections.append(Rejection(event, reason))
+                continue
+            activated = event.event_type == CLUSTER_ACTIVATED
+            if event.event_type == BASELINE_CHANGED:
+                cluster = replace(cluster, baseline=_servers(alive, cluster.draining), adjust_due=False)
+            elif activated:
+                cluster = replace(cluster, active=True)
+                if cluster.baseline is None or (baseline.auto_adjust and baseline.auto_adjust_timeout_s <= 0):
+                    cluster = replace(cluster, baseline=_servers(alive, cluster.draining))
+            else:
+                cluster = replace(cluster, active=False)
+            minor += 1
+            steps.append(
+                ExchangeStep(
+                    major, minor, ALL, (event.event_seq,), dict(alive), frozenset(groups),
+                    coordinator=coordinator_of(alive), cluster=cluster, activated=activated,
+                )
+            )
+            continue
         reason = _group_event_problem(event, groups, catalog_groups)
         if reason is not None:
             rejections.append(Rejection(event, reason))
@@ -209,6 +339,7 @@ def plan_exchanges(
             ExchangeStep(
                 major, minor, RESET_LOST if reset else CACHE_CHANGE, (event.event_seq,), dict(alive),
                 frozenset(groups), new_groups=new, reset_groups=reset, coordinator=coordinator_of(alive),
+                cluster=cluster,
             )
         )
     return steps, rejections

@@ -184,6 +184,7 @@ class GroupSettings:
         loss_policy: ``READ_WRITE_SAFE``, ``READ_ONLY_SAFE`` or ``IGNORE``.
         started: the group starts in this exchange (first exchange, or ``CACHE_STARTED``).
         reset: the group is reset by ``RESET_LOST_PARTITIONS`` in this exchange.
+        persistent: placed over the baseline topology when one is set (the caller hands the kernel the placement).
     """
 
     name: str
@@ -196,6 +197,7 @@ class GroupSettings:
     loss_policy: str = "READ_WRITE_SAFE"
     started: bool = False
     reset: bool = False
+    persistent: bool = True
 
 
 @dataclass(frozen=True)
