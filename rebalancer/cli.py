@@ -115,8 +115,9 @@ def generate(
 def event(
     ctx: typer.Context,
     event_type: Annotated[
-        str, typer.Argument(metavar="TYPE", help="NODE_JOINED, NODE_LEFT, NODE_FAILED, CACHE_STARTED, "
-                            "CACHE_STOPPED or RESET_LOST_PARTITIONS.")
+        str, typer.Argument(metavar="TYPE", help="NODE_JOINED, NODE_LEFT, NODE_FAILED, NODE_DRAINING (with --node); "
+                            "CACHE_STARTED, CACHE_STOPPED, RESET_LOST_PARTITIONS (with --group); BASELINE_CHANGED, "
+                            "CLUSTER_ACTIVATED, CLUSTER_DEACTIVATED.")
     ],
     node: Annotated[str | None, typer.Option("--node", help="Node id (node events).")] = None,
     group: Annotated[str | None, typer.Option("--group", help="Cache group (cache and reset events).")] = None,
@@ -132,8 +133,8 @@ def event(
     appended = append_event(
         state.spark, state.warehouse, event_type, node, group, host=host, zone=zone, is_client=client
     )
-    subject = appended.node_id or appended.group_name
-    console.print(f"event {appended.event_seq}: {appended.event_type} {subject}")
+    subject = appended.node_id or appended.group_name  # cluster events (baseline, activation) name neither
+    console.print(f"event {appended.event_seq}: {appended.event_type}" + (f" {subject}" if subject else ""))
     if appended.node_added:
         console.print(f"node {appended.node_id} added to nodes")
 

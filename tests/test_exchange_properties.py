@@ -13,7 +13,9 @@ always after the last one; skipped when no event or report is new), so some step
 - ``reset``: ``RESET_LOST_PARTITIONS`` for a group;
 - ``cache``: ``CACHE_STOPPED`` for a running group, or ``CACHE_STARTED`` for a stopped one (it restarts empty);
 - ``twin``: one round of the twin (it executes the committed plan and runs the exchanges that become due);
-- ``twin_fail``: the same, with an alive server failing once the steps of the first waves have finished.
+- ``twin_fail``: the same, with an alive server failing once the steps of the first waves have finished;
+- ``drain``: an alive server that is not draining starts draining (``NODE_DRAINING``; it stays alive and serving
+  while it leaves every placement; a later ``fail`` step may make it leave).
 
 After the steps, with no more events, the twin runs until stable: it must converge unless partitions are lost
 (they wait for a reset).
@@ -96,6 +98,7 @@ step_st = st.one_of(
     st.tuples(st.just("cache"), st.integers(0, 1)),  # stop a running group, or start a stopped one again
     st.tuples(st.just("twin")),  # one twin round: executes the committed plan, runs the exchanges it makes due
     st.tuples(st.just("twin_fail"), st.integers(0, 4), st.integers(1, 3)),  # ... with a server failing at a wave
+    st.tuples(st.just("drain"), st.integers(0, 4)),
 )
 # (step, run the exchange after it): one step in three, so most examples make 2-3 runs and some steps merge
 steps_st = st.lists(st.tuples(step_st, st.sampled_from([False, False, True])), min_size=1, max_size=4)
@@ -126,12 +129,19 @@ def test_exchange_invariants_hold_on_random_clusters_and_events(
     assert len(committed) == 1
     new_servers, clients = itertools.count(servers + 1), itertools.count(1)
     running = set(spec)  # groups the events leave running
+    draining: set[str] = set()
     pending = False  # new events or reports since the last run (a run without any would repeat the last one)
     for i, (step, exchange_after) in enumerate(steps):
         kind = step[0]
         if kind == "fail" and len(alive) > 1:
             node = alive.pop(step[1] % len(alive))
             c.event(step[2], node=node)
+            draining.discard(node)
+            pending = True
+        elif kind == "drain" and len(set(alive) - draining) > 1:
+            node = sorted(set(alive) - draining)[step[1] % len(set(alive) - draining)]
+            c.event("NODE_DRAINING", node=node)
+            draining.add(node)
             pending = True
         elif kind == "join":
             alive.append(f"n{next(new_servers)}")
@@ -300,15 +310,16 @@ def check_committed_versions(c: Cluster, spec: dict[str, tuple[int, int, str | N
         stray = [r for r in [*pmap, *assignment] if r.node_id not in servers]
         assert not stray, f"{ctx}: rows on nodes that are not alive servers {sorted(servers)}: {stray}"
 
+        candidates = servers - set(ex.draining_nodes or [])  # draining servers serve but leave the placement
         expected_ideal = {
             (g, p, i, node)
             for g, (n, backups, _) in running.items()
-            for p, nodes in enumerate(assign(NodeSet.of(sorted(servers)), n, backups))
+            for p, nodes in enumerate(assign(NodeSet.of(sorted(candidates)), n, backups))
             for i, node in enumerate(nodes)
         }
         actual_ideal = {(r.group_name, r.partition_id, r.replica_index, r.node_id) for r in ideal}
         assert actual_ideal == expected_ideal, (
-            f"{ctx}: ideal_assignment differs from assign() over {sorted(servers)}: "
+            f"{ctx}: ideal_assignment differs from assign() over {sorted(candidates)}: "
             f"extra {sorted(actual_ideal - expected_ideal)}, missing {sorted(expected_ideal - actual_ideal)}")
         ideal_nodes: dict[Part, list[str]] = defaultdict(list)
         for g, p, _, node in sorted(expected_ideal):
