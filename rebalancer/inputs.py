@@ -90,7 +90,8 @@ def last_committed(warehouse: Warehouse) -> Committed | None:
     baseline = row.get("baseline_nodes")
     cluster = ClusterState(
         baseline=frozenset(baseline) if baseline is not None else None,
-        active=row.get("cluster_active") is not False,  # null: a version written before the column existed
+        active=row.get("cluster_active") is not False,  # null: active without an activation event (yet)
+        explicit=row.get("cluster_active") is not None,
         draining=frozenset(row.get("draining_nodes") or []),
         last_node_event_at=row.get("last_node_event_at"),
         adjust_due=bool(row.get("baseline_adjust_due")),

@@ -572,14 +572,16 @@ class _Run:
         return set()
 
     def _placements(self, step: ExchangeStep, prev: Committed | None, groups: Mapping[str, GroupSettings],
-                    alive: NodeSet) -> dict[str, Any]:
+                    alive: NodeSet) -> tuple[dict[str, Any], dict[str, Any]]:
         """Replica matrices (indexes into ``alive``) decided on the driver instead of in the kernel: balanced groups
         (placed together), and every group whose candidates are not the alive servers - draining nodes leave the
         placement while they still serve, and persistent groups are placed over the baseline, where an offline node
-        keeps its place but gets no copy (docs/EXCHANGE.md "Baseline, activation, drain")."""
+        keeps its place but gets no copy (docs/EXCHANGE.md "Baseline, activation, drain"). Also the lists
+        ``ideal_assignment`` shows for groups whose placement names offline nodes (``KernelContext.listed``)."""
         everyone = frozenset(alive.node_ids)
         candidates = {name: self._candidates(step, s) for name, s in groups.items()}
         out: dict[str, Any] = {}
+        listed: dict[str, Any] = {}
         for chosen in sorted(set(candidates.values()), key=sorted):
             members = {g: s for g, s in groups.items() if candidates[g] == chosen}
             nodes = alive if chosen == everyone else NodeSet.from_rows([self._nodes[n] for n in sorted(chosen)])
@@ -591,9 +593,11 @@ class _Run:
                         placed[g] = assign_indexes(
                             np.arange(s.partitions), nodes, s.backups, s.affinity, s.mode, s.exclude_neighbors,
                             s.backup_filter, self.settings.affinity.ignite_ids_as_strings)
+                if not chosen <= everyone:
+                    listed.update((g, (tuple(nodes.node_ids), m)) for g, m in placed.items())
                 placed = {g: _onto(m, nodes, alive) for g, m in placed.items()}
             out.update(placed)
-        return out
+        return out, listed
 
     def _candidates(self, step: ExchangeStep, settings: GroupSettings) -> frozenset[str]:
         """The nodes a group is placed over: the alive servers not draining, or for a persistent group the
@@ -646,13 +650,15 @@ class _Run:
         reports: Reports | None,
     ) -> DataFrame:
         nodes = self.node_set(step.alive)
+        placements, listed = self._placements(step, prev, groups, nodes)
         ctx = KernelContext(
             nodes=nodes,
             node_orders={n: i.node_order for n, i in step.alive.items()},
             groups=groups,
             history_threshold=self.settings.rebalance.history_threshold,
             ids_as_strings=self.settings.affinity.ignite_ids_as_strings,
-            placements=self._placements(step, prev, groups, nodes),
+            placements=placements,
+            listed=listed,
         )
         spark = self.spark
         sizes = {g: s.partitions for g, s in groups.items()}
@@ -813,7 +819,8 @@ class _Run:
             "stage_seconds": list(s.stage_seconds.items()), "spark_jobs": s.spark_jobs,
             "stage_jobs": list(s.stage_jobs.items()) if s.spark_jobs is not None else None,
             "baseline_nodes": sorted(step.cluster.baseline) if step.cluster.baseline is not None else None,
-            "cluster_active": step.cluster.active, "draining_nodes": sorted(step.cluster.draining),
+            "cluster_active": step.cluster.active if step.cluster.explicit else None,
+            "draining_nodes": sorted(step.cluster.draining),
             "last_node_event_at": step.cluster.last_node_event_at,
             "baseline_adjust_due": step.cluster.adjust_due,
         }

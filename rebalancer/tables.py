@@ -117,7 +117,8 @@ EXCHANGES = _schema(
     ("spark_jobs", INT),
     ("stage_jobs", MapType(S, INT)),
     # the cluster state the next exchange starts from (docs/EXCHANGE.md "Baseline, activation, drain"): the
-    # baseline nodes (null before it is set), whether the cluster is active, the draining servers, and the time of
+    # baseline nodes (null before it is set), whether the cluster is active (null: no activation event yet, active),
+    # the draining servers, and the time of
     # the newest node event with whether the baseline still has to follow it (auto-adjust timeout)
     ("baseline_nodes", ArrayType(S)),
     ("cluster_active", B),

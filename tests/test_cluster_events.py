@@ -75,11 +75,23 @@ def test_activation_and_deactivation_bump_the_minor_version_and_are_rejected_whe
               at(7, "NODE_JOINED", "n4"), at(8, "CLUSTER_ACTIVATED"), at(9, "BASELINE_CHANGED", "n4")]
     steps, rejected = plan_exchanges(state, events, CATALOG, GROUPS, PERSISTENT)
     assert [(s.major, s.minor, s.cluster.active, s.activated) for s in steps] == [
-        (3, 1, False, False), (4, 0, False, False), (4, 1, True, True)]
-    assert [r.event.event_seq for r in rejected] == [4, 6, 9]
-    assert "null node_id" in rejected[2].reason
-    # activation without auto-adjust keeps the baseline it had; n4 joined while inactive and is not in it
+        (3, 1, True, True), (3, 2, False, False), (4, 0, False, False), (4, 1, True, True)]
+    assert [r.event.event_seq for r in rejected] == [6, 9]
+    assert "null node_id" in rejected[1].reason
+    # a later activation without auto-adjust keeps the baseline; n4 joined while inactive and is not in it
     assert steps[-1].cluster.baseline == {"n1", "n2", "n3"}
+
+
+def test_the_first_activation_sets_the_baseline_even_of_a_cluster_active_without_one() -> None:
+    events = [at(1, "NODE_JOINED", "n1"), at(2, "NODE_JOINED", "n2"), at(3, "CLUSTER_ACTIVATED"),
+              at(4, "NODE_JOINED", "n3"), at(5, "CLUSTER_ACTIVATED")]
+    steps, rejected = plan_exchanges(TopologyState(), events[:1], CATALOG, GROUPS, PERSISTENT)
+    assert steps[0].cluster.baseline == {"n1"} and not steps[0].cluster.explicit  # set by the first exchange
+    state = TopologyState(steps[0].major, 0, steps[0].alive, steps[0].groups, steps[0].cluster)
+    steps, rejected = plan_exchanges(state, events[1:], CATALOG, GROUPS, PERSISTENT)
+    assert [(s.major, s.minor, s.cluster.baseline) for s in steps] == [
+        (2, 0, {"n1"}), (2, 1, {"n1", "n2"}), (3, 0, {"n1", "n2"})]
+    assert steps[1].activated and [r.event.event_seq for r in rejected] == [5]
 
 
 def test_a_draining_node_stays_alive_and_leaves_the_baseline() -> None:

@@ -27,6 +27,9 @@ def test_a_baseline_node_that_restarts_moves_no_data(spark: Any, tmp_path: Path)
     assert_table(c, "affinity_assignment", (4, 0), ASSIGNMENT, [
         ("g", 0, 0, "n1", False), ("g", 1, 0, "n1", False), ("g", 2, 0, "n3", False)])
     assert c.rows("topology", (4, 0), "node_id") == {("n1",), ("n3",)}
+    # the ideal lists still name n2 (offline, in the baseline); the serving lists are their alive part
+    assert c.rows("ideal_assignment", (4, 0), "partition_id", "replica_index", "node_id") == {
+        (0, 0, "n2"), (0, 1, "n1"), (1, 0, "n2"), (1, 1, "n1"), (2, 0, "n3"), (2, 1, "n2")}
     # n1 took writes for p0 while n2 was away; n2 comes back with its copies at counter 10
     c.report([("n1", "g", 0, "OWNING", 12, 5, None)])
     c.event("NODE_JOINED", node="n2")
@@ -95,3 +98,26 @@ def test_a_deactivated_cluster_plans_no_data_movement_until_activated(spark: Any
     assert (on.topology_major, on.topology_minor) == (4, 1)
     assert c.rows("migration_plan", (4, 1), "partition_id", "source_node", "target_node") == {
         (0, "n1", "n3"), (1, "n1", "n3"), (2, "n3", "n1")}
+
+
+def test_the_twin_converges_after_a_drain_and_after_a_baseline_node_failure(spark: Any, tmp_path: Path) -> None:
+    from rebalancer.twin.simulate import simulate
+
+    c = steady_three_nodes(spark, tmp_path / "drain")
+    c.event("NODE_DRAINING", node="n2")
+    c.exchange()
+    result = simulate(c.spark, c.warehouse, c.settings, clock=c.clock, until_stable=True)
+    assert result.stability is not None and result.stability.stable, result.stability
+    # n2 holds nothing any more: its leave plans nothing and loses nothing
+    latest = result.stability.version
+    assert {n for _, _, n, _, _, _ in c.rows("partition_map", latest, *MAP)} == {"n1", "n3"}
+    c.event("NODE_LEFT", node="n2")
+    [left] = c.exchange()
+    assert (left.migrations, left.lost_partitions) == (0, 0)
+
+    p = steady_three_nodes(spark, tmp_path / "persistent", baseline=PERSISTENT)
+    p.event("NODE_FAILED", node="n2")
+    p.exchange()
+    result = simulate(p.spark, p.warehouse, p.settings, clock=p.clock, until_stable=True)
+    assert result.stability is not None and result.stability.stable, result.stability
+    assert [r.copies for r in result.rounds] in ([], [0])  # stable at once: nothing to copy

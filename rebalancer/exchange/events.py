@@ -13,7 +13,8 @@ Rules (SPEC "Exchange (PME)", Ignite's AffinityTopologyVersion):
   (:class:`BaselineSettings`): with auto-adjust and no timeout it is the alive servers not draining after every
   event; with a timeout it follows them once an event arrives at least the timeout after the last node event;
   without auto-adjust it is set by the first activation (or the first exchange with a server) and then only by
-  BASELINE_CHANGED and drains. A cluster with no activation event is active from its first exchange.
+  BASELINE_CHANGED and drains. A cluster is active from its first exchange; its first CLUSTER_ACTIVATED (accepted
+  even then) sets the baseline to the alive servers, as activating a persistent Ignite cluster does.
 - An event that cannot apply (a join of a node already alive, a leave of a node not alive, an event for a node
   or group the input tables do not know, a start of a running group, a stop of a stopped one) is rejected with a
   reason and changes nothing; it is still consumed, so it is not re-read forever.
@@ -100,6 +101,8 @@ class ClusterState:
         baseline: the baseline nodes (persistent groups are placed over them; some may be offline), or None
             before it is first set.
         active: False after CLUSTER_DEACTIVATED until CLUSTER_ACTIVATED: no data movement is planned.
+        explicit: an activation event was applied (before that the cluster is active without one, and its first
+            CLUSTER_ACTIVATED sets the baseline).
         draining: alive servers that are draining (copy sources, no longer placement candidates).
         last_node_event_at: the time of the newest applied node event (the auto-adjust timeout counts from it).
         adjust_due: a node event changed the alive servers since the baseline last followed them (timeout > 0).
@@ -107,6 +110,7 @@ class ClusterState:
 
     baseline: frozenset[str] | None = None
     active: bool = True
+    explicit: bool = False
     draining: frozenset[str] = frozenset()
     last_node_event_at: datetime | None = None
     adjust_due: bool = False
@@ -193,7 +197,7 @@ def _cluster_event_problem(event: Event, cluster: ClusterState) -> str | None:
     if event.event_type == BASELINE_CHANGED and event.node_id is not None:
         return (f"BASELINE_CHANGED names node {event.node_id!r}; it takes a null node_id (the alive server nodes "
                 "that are not draining become the baseline): start or stop nodes first, then change the baseline")
-    if event.event_type == CLUSTER_ACTIVATED and cluster.active:
+    if event.event_type == CLUSTER_ACTIVATED and cluster.active and cluster.explicit:
         return "CLUSTER_ACTIVATED while the cluster is active; the event changes nothing"
     if event.event_type == CLUSTER_DEACTIVATED and not cluster.active:
         return "CLUSTER_DEACTIVATED while the cluster is inactive; the event changes nothing"
@@ -254,7 +258,7 @@ def plan_exchanges(
         servers = _servers(alive, draining)
         if baseline.auto_adjust and baseline.auto_adjust_timeout_s <= 0:
             return replace(c, baseline=servers, draining=draining, adjust_due=False)
-        if c.baseline is None:
+        if c.baseline is None:  # set by the first exchange with a server
             return replace(c, baseline=servers if servers else None, draining=draining)
         return replace(c, baseline=c.baseline - draining, draining=draining)
 
@@ -307,11 +311,12 @@ def plan_exchanges(
             if event.event_type == BASELINE_CHANGED:
                 cluster = replace(cluster, baseline=_servers(alive, cluster.draining), adjust_due=False)
             elif activated:
-                cluster = replace(cluster, active=True)
-                if cluster.baseline is None or (baseline.auto_adjust and baseline.auto_adjust_timeout_s <= 0):
-                    cluster = replace(cluster, baseline=_servers(alive, cluster.draining))
+                first = not cluster.explicit
+                cluster = replace(cluster, active=True, explicit=True)
+                if first or cluster.baseline is None or (baseline.auto_adjust and baseline.auto_adjust_timeout_s <= 0):
+                    cluster = replace(cluster, baseline=_servers(alive, cluster.draining), adjust_due=False)
             else:
-                cluster = replace(cluster, active=False)
+                cluster = replace(cluster, active=False, explicit=True)
             minor += 1
             steps.append(
                 ExchangeStep(

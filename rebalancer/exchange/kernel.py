@@ -213,6 +213,9 @@ class KernelContext:
         placements: a group's replica matrix decided outside the kernel, used instead of its affinity function:
             row = partition id, indexes into ``nodes``, column 0 the primary, -1 = empty slot (the shape of
             :func:`rebalancer.affinity.assign.assign_indexes`). Placing toward another system's layout.
+        listed: a group's ideal lists as ``ideal_assignment`` shows them when they name nodes that are not alive
+            (a persistent group over a baseline with offline nodes): node ids and a matrix of indexes into them
+            (row = partition id, -1 = none). Only the table shows them; every decision uses ``placements``.
     """
 
     nodes: NodeSet
@@ -221,6 +224,7 @@ class KernelContext:
     history_threshold: int = 500
     ids_as_strings: bool = False
     placements: Mapping[str, npt.NDArray[np.int32]] = field(default_factory=dict)
+    listed: Mapping[str, tuple[tuple[str, ...], npt.NDArray[np.int32]]] = field(default_factory=dict)
     _cache: dict[str, object] = field(default_factory=dict, init=False, repr=False, compare=False)
 
 
@@ -713,7 +717,7 @@ def decide(table: pa.Table, ctx: KernelContext) -> Decisions:
         partition_map=_map_table(batch, final, nodes),
         counter_conflicts=_conflicts_table(batch, conflict_rows, conflict_top, conflict_action, nodes),
         lost_partitions=_lost_table(batch, lost, policy),
-        ideal_assignment=_ideal_table(batch, ideal, nodes),
+        ideal_assignment=_ideal_table(batch, ideal, nodes, ctx),
         affinity_assignment=_assignment_table(batch, assignment, nodes),
         partition_versions=versions,
         steps=_steps_table(batch, steps, nodes),
@@ -926,11 +930,24 @@ def _lost_table(batch: _Batch, lost: B, policy: npt.NDArray[np.object_]) -> pa.T
     }, "lost_partitions")
 
 
-def _ideal_table(batch: _Batch, ideal: _Ideal, nodes: _Nodes) -> pa.Table:
-    return _keyed(batch, ideal.q, {
-        "replica_index": pa.array(ideal.replica, pa.int32()),
-        "node_id": _node_array(nodes, ideal.node),
+def _ideal_table(batch: _Batch, ideal: _Ideal, nodes: _Nodes, ctx: KernelContext) -> pa.Table:
+    listed = [g for g, name in enumerate(batch.group_names) if name in ctx.listed]
+    keep = ~np.isin(batch.group[ideal.q], listed) if listed else np.ones(ideal.q.size, dtype=bool)
+    table = _keyed(batch, ideal.q[keep], {
+        "replica_index": pa.array(ideal.replica[keep], pa.int32()),
+        "node_id": _node_array(nodes, ideal.node[keep]),
     }, "ideal_assignment")
+    parts = [table]
+    for g in listed:  # the group's lists as placed, offline nodes included
+        ids, matrix = ctx.listed[batch.group_names[g]]
+        members = np.flatnonzero(batch.group == g)
+        rows = matrix[batch.pid[members]]
+        row, col = np.nonzero(rows >= 0)
+        parts.append(_keyed(batch, members[row], {
+            "replica_index": pa.array(col, pa.int32()),
+            "node_id": pa.array(ids, pa.string()).take(pa.array(rows[row, col], pa.int64())),
+        }, "ideal_assignment"))
+    return pa.concat_tables(parts) if len(parts) > 1 else table
 
 
 def _assignment_table(batch: _Batch, a: _Assignment, nodes: _Nodes) -> pa.Table:

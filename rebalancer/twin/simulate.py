@@ -225,8 +225,14 @@ def stability(warehouse: Warehouse) -> Stability | None:
         return None
     committed, copies, _ = current
     at = version_where(committed.version)
-    ideal = {(r["group_name"], r["partition_id"], r["replica_index"], r["node_id"])
-             for r in warehouse.read_arrow("ideal_assignment", where=at).to_pylist()}
+    # an offline baseline node keeps its place in the ideal lists but is no target: compare the alive part,
+    # numbered again, with what serves
+    alive = {r["node_id"] for r in warehouse.read_arrow("topology", where=at).to_pylist()}
+    lists: dict[tuple[str, int], list[tuple[int, str]]] = {}
+    for r in warehouse.read_arrow("ideal_assignment", where=at).to_pylist():
+        if r["node_id"] in alive:
+            lists.setdefault((r["group_name"], r["partition_id"]), []).append((r["replica_index"], r["node_id"]))
+    ideal = {(g, p, i, n) for (g, p), nodes in lists.items() for i, (_, n) in enumerate(sorted(nodes))}
     serving = {(r["group_name"], r["partition_id"], r["replica_index"], r["node_id"])
                for r in warehouse.read_arrow("affinity_assignment", where=at).to_pylist()}
     ideal_copies = {(g, p, n) for g, p, _, n in ideal}

@@ -30,7 +30,8 @@ from rebalancer.tables import INPUT_TABLES
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 EVENT_OF_OP = {"start": "NODE_JOINED", "client": "NODE_JOINED", "stop": "NODE_LEFT", "kill": "NODE_FAILED",
-               "start_cache": "CACHE_STARTED", "stop_cache": "CACHE_STOPPED", "reset_lost": "RESET_LOST_PARTITIONS"}
+               "start_cache": "CACHE_STARTED", "stop_cache": "CACHE_STOPPED", "reset_lost": "RESET_LOST_PARTITIONS",
+               "activate": "CLUSTER_ACTIVATED", "deactivate": "CLUSTER_DEACTIVATED"}
 Copy = tuple[str, str, int]  # (node, cache, partition)
 
 
@@ -87,9 +88,11 @@ def _diff(before: dict[Copy, tuple[str, int, int]], after: dict[Copy, tuple[str,
     return changed, evicted
 
 
-def replay(spark: SparkSession, path: Path, script: dict[str, Any], run: dict[str, Any]) -> list[StepResult]:
-    """Write each step of ``run`` (the harness dump of ``script``) into a new warehouse and run its exchange."""
-    settings = Settings().with_overrides(storage={"warehouse": str(path)})
+def replay(spark: SparkSession, path: Path, script: dict[str, Any], run: dict[str, Any], *,
+           persistent: bool = False, **overrides: dict[str, Any]) -> list[StepResult]:
+    """Write each step of ``run`` (the harness dump of ``script``) into a new warehouse and run its exchange;
+    ``persistent``: the caches' ``persistent`` column; ``overrides``: settings sections (e.g. ``baseline``)."""
+    settings = Settings().with_overrides(storage={"warehouse": str(path)}, **overrides)
     warehouse = open_warehouse(spark, settings.storage)
     warehouse.create_tables()
     w = _Writer(spark, warehouse)
@@ -111,7 +114,7 @@ def replay(spark: SparkSession, path: Path, script: dict[str, Any], run: dict[st
             spec = script["caches"][cache]
             w.append("cache_groups", [(cache, spec["partitions"], spec.get("backups", 0), spec.get("mode"), "ignite",
                                        spec.get("exclude_neighbors", False), spec.get("backup_filter"),
-                                       spec.get("loss_policy", "READ_WRITE_SAFE"), False, None)])
+                                       spec.get("loss_policy", "READ_WRITE_SAFE"), persistent, None)])
         if op in EVENT_OF_OP:
             w.event(EVENT_OF_OP[op], node, cache)
         result = StepResult(op)

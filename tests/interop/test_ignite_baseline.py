@@ -1,9 +1,10 @@
 """Real Ignite 2.x with native persistence: placement over the baseline topology (SPEC section 4, "Baseline").
 
-rebalancer's exchange does not implement the baseline yet (docs/INTEROP.md, "What is not covered"), so this
-checks the affinity part of SPEC's rule against a real persistent cluster, through the pure client: the ideal
-assignment is the ``ignite`` affinity over the baseline nodes, and a baseline node that is offline is removed
-from the lists (no other node takes its place) until it comes back.
+Against a real persistent cluster (activated with four nodes; one killed, one stopped, the first restarted):
+through the pure client, the ideal assignment is the ``ignite`` affinity over the baseline nodes, and a baseline
+node that is offline is removed from the lists (no other node takes its place) until it comes back; and the same
+run replayed through rebalancer's exchange (persistent group, ``[baseline] auto_adjust = false``) places over the
+same baseline at every step, plans no copy for an offline baseline node, and loses the same partitions.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 
 from rebalancer.client import assign
 from tests.interop import harness
+from tests.interop.ignite_replay import StepResult, ours_at, replay
 
 pytestmark = [
     pytest.mark.slow,
@@ -49,3 +51,38 @@ def test_offline_baseline_nodes_are_removed_not_replaced(baseline_run: dict[str,
     assert checked >= 4, checked
     lost = [s["lost"]["p1"] for s in baseline_run["steps"] if "p1" in s.get("lost", {})]
     assert any(lost), "with n3 and n4 offline some partition has no baseline owner left: Ignite marks it lost"
+
+
+@pytest.fixture(scope="session")
+def baseline_replay(spark: Any, baseline_run: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+                    ) -> list[StepResult]:
+    path = tmp_path_factory.mktemp("ignite-baseline-replay") / "warehouse"
+    return replay(spark, path, SCRIPT, baseline_run, persistent=True, baseline={"auto_adjust": False})
+
+
+def test_our_exchange_places_over_the_baseline_as_ignite_does(baseline_run: dict[str, Any],
+                                                              baseline_replay: list[StepResult]) -> None:
+    warehouse = baseline_run["warehouse"]
+    compared = offline_steps = 0
+    for step, ours in zip(baseline_run["steps"], baseline_replay, strict=True):
+        theirs = step.get("affinity", {}).get("p1", [])
+        if not ours.versions or not theirs:
+            continue
+        version = ours.versions[-1]
+        mine = ours_at(warehouse, "p1", version, 64)
+        alive = {n["node_id"] for n in step.get("nodes", []) if not n["is_client"]}
+        # our ideal lists name the offline baseline nodes too (SPEC); their alive part is Ignite's ideal
+        assert [[n for n in nodes if n in alive] for nodes in mine["ideal"]] == theirs[-1]["ideal"], (
+            step["step"], version)
+        assert mine["lost"] == sorted(step.get("lost", {}).get("p1", [])), (step["step"], version)
+        copies = [r for r in warehouse.read_arrow("migration_plan").to_pylist()
+                  if (r["topology_major"], r["topology_minor"]) == version and r["action"] == "COPY"]
+        # nothing is copied to stand in for an offline baseline node: a COPY only goes to a partition's own
+        # (alive) baseline owner - the restarted n3, whose persisted copies the replay reports after the exchange
+        strays = [r for r in copies if r["target_node"] not in theirs[-1]["ideal"][r["partition_id"]]]
+        assert strays == [], f"{step['step']}: copies to nodes outside the baseline lists: {strays[:3]}"
+        if step["step"]["op"] in ("kill", "stop"):
+            offline_steps += 1
+            assert copies == [], f"{step['step']}: a node left and data was copied: {copies[:3]}"
+        compared += 1
+    assert compared >= 4 and offline_steps >= 2, (compared, offline_steps)
