@@ -43,8 +43,8 @@ class Cluster:
         return T0 + timedelta(seconds=self._ticks)
 
     def group(self, name: str, partitions: int, backups: int, loss_policy: str | None = None,
-              mode: str | None = None, affinity: str | None = None) -> None:
-        row = (name, partitions, backups, mode, affinity, None, None, loss_policy, True, None)
+              mode: str | None = None, affinity: str | None = None, persistent: bool = True) -> None:
+        row = (name, partitions, backups, mode, affinity, None, None, loss_policy, persistent, None)
         self.warehouse.append("cache_groups", self.spark.createDataFrame([row], CACHE_GROUPS))
 
     def node(self, node_id: str, host: str | None = None, client: bool = False) -> None:

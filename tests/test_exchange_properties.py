@@ -15,7 +15,9 @@ always after the last one; skipped when no event or report is new), so some step
 - ``twin``: one round of the twin (it executes the committed plan and runs the exchanges that become due);
 - ``twin_fail``: the same, with an alive server failing once the steps of the first waves have finished;
 - ``drain``: an alive server that is not draining starts draining (``NODE_DRAINING``; it stays alive and serving
-  while it leaves every placement; a later ``fail`` step may make it leave).
+  while it leaves every placement; a later ``fail`` step may make it leave);
+- ``state``: ``CLUSTER_DEACTIVATED`` (an active cluster), ``CLUSTER_ACTIVATED`` (an inactive one) or
+  ``BASELINE_CHANGED``; an inactive cluster is activated before the final twin run.
 
 After the steps, with no more events, the twin runs until stable: it must converge unless partitions are lost
 (they wait for a reset).
@@ -99,6 +101,7 @@ step_st = st.one_of(
     st.tuples(st.just("twin")),  # one twin round: executes the committed plan, runs the exchanges it makes due
     st.tuples(st.just("twin_fail"), st.integers(0, 4), st.integers(1, 3)),  # ... with a server failing at a wave
     st.tuples(st.just("drain"), st.integers(0, 4)),
+    st.tuples(st.just("state"), st.booleans()),  # toggle activity, or change the baseline
 )
 # (step, run the exchange after it): one step in three, so most examples make 2-3 runs and some steps merge
 steps_st = st.lists(st.tuples(step_st, st.sampled_from([False, False, True])), min_size=1, max_size=4)
@@ -130,6 +133,7 @@ def test_exchange_invariants_hold_on_random_clusters_and_events(
     new_servers, clients = itertools.count(servers + 1), itertools.count(1)
     running = set(spec)  # groups the events leave running
     draining: set[str] = set()
+    active = True
     pending = False  # new events or reports since the last run (a run without any would repeat the last one)
     for i, (step, exchange_after) in enumerate(steps):
         kind = step[0]
@@ -137,6 +141,13 @@ def test_exchange_invariants_hold_on_random_clusters_and_events(
             node = alive.pop(step[1] % len(alive))
             c.event(step[2], node=node)
             draining.discard(node)
+            pending = True
+        elif kind == "state":
+            if step[1]:
+                c.event("CLUSTER_DEACTIVATED" if active else "CLUSTER_ACTIVATED")
+                active = not active
+            else:
+                c.event("BASELINE_CHANGED")
             pending = True
         elif kind == "drain" and len(set(alive) - draining) > 1:
             node = sorted(set(alive) - draining)[step[1] % len(set(alive) - draining)]
@@ -169,6 +180,9 @@ def test_exchange_invariants_hold_on_random_clusters_and_events(
         if pending and (exchange_after or i == len(steps) - 1):
             run(c, committed)
             pending = False
+    if not active:  # an inactive cluster moves no data: activate it before asking the twin to converge
+        c.event("CLUSTER_ACTIVATED")
+        run(c, committed)
     # no more events: the twin converges (unless partitions are lost: they wait for a reset)
     result = twin(c, committed, until_stable=True)
     status = result.stability
@@ -311,6 +325,8 @@ def check_committed_versions(c: Cluster, spec: dict[str, tuple[int, int, str | N
         assert not stray, f"{ctx}: rows on nodes that are not alive servers {sorted(servers)}: {stray}"
 
         candidates = servers - set(ex.draining_nodes or [])  # draining servers serve but leave the placement
+        if ex.cluster_active is False:
+            assert not plans.get(v), f"{ctx}: an inactive cluster planned data movement: {plans.get(v)}"
         expected_ideal = {
             (g, p, i, node)
             for g, (n, backups, _) in running.items()

@@ -11,40 +11,47 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.exchange_scenarios import assert_table
-from tests.test_exchange_job import ASSIGNMENT, MAP, steady_three_nodes
+from tests.test_exchange_job import ASSIGNMENT, IDEAL_3, MAP, steady_three_nodes
 
 PERSISTENT = {"auto_adjust": False}
 
 
 def test_a_baseline_node_that_restarts_moves_no_data(spark: Any, tmp_path: Path) -> None:
     c = steady_three_nodes(spark, tmp_path / "w", baseline=PERSISTENT)
+    # an in-memory group beside it is placed over the alive servers, as before
+    c.group("mem", 3, 1, persistent=False)
+    c.event("CACHE_STARTED", group="mem")
+    c.exchange()
+    c.report([(n, "mem", p, "OWNING", 10, 5, None) for p, nodes in IDEAL_3.items() for n in nodes])
     c.event("NODE_FAILED", node="n2")
     [s] = c.exchange()
-    assert (s.topology_major, s.exchange_type, s.migrations, s.lost_partitions) == (4, "ALL", 0, 0)
-    # n2 keeps its place in the baseline placement: nothing is copied to replace it, the survivors serve
-    assert c.rows("migration_plan", (4, 0)) == set()
-    assert_table(c, "affinity_assignment", (4, 0), ASSIGNMENT, [
-        ("g", 0, 0, "n1", False), ("g", 1, 0, "n1", False), ("g", 2, 0, "n3", False)])
+    assert (s.topology_major, s.exchange_type, s.lost_partitions) == (4, "ALL", 0)
+    # n2 keeps its place in the baseline placement of g: nothing is copied to replace it, the survivors serve;
+    # mem re-places over n1 and n3 and copies what it lacks
+    assert c.rows("migration_plan", (4, 0), "group_name", "partition_id", "action", "target_node") == {
+        ("mem", 0, "COPY", "n3"), ("mem", 1, "COPY", "n3"), ("mem", 2, "COPY", "n1")}
+    assert {r for r in c.rows("affinity_assignment", (4, 0), *ASSIGNMENT) if r[0] == "g"} == {
+        ("g", 0, 0, "n1", False), ("g", 1, 0, "n1", False), ("g", 2, 0, "n3", False)}
     assert c.rows("topology", (4, 0), "node_id") == {("n1",), ("n3",)}
     # the ideal lists still name n2 (offline, in the baseline); the serving lists are their alive part
-    assert c.rows("ideal_assignment", (4, 0), "partition_id", "replica_index", "node_id") == {
+    assert {r[1:] for r in c.rows("ideal_assignment", (4, 0), "group_name", "partition_id", "replica_index",
+                                  "node_id") if r[0] == "g"} == {
         (0, 0, "n2"), (0, 1, "n1"), (1, 0, "n2"), (1, 1, "n1"), (2, 0, "n3"), (2, 1, "n2")}
-    # n1 took writes for p0 while n2 was away; n2 comes back with its copies at counter 10
-    c.report([("n1", "g", 0, "OWNING", 12, 5, None)])
+    # n1 took 2 writes for p0 while n2 was away (its WAL goes back to counter 5); n2 comes back at counter 10
+    c.report([("n1", "g", 0, "OWNING", 12, 1000, 5)])
     c.event("NODE_JOINED", node="n2")
-    c.report([("n2", "g", p, "OWNING", 10, 5, None) for p in range(3)])
+    c.report([("n2", "g", p, "OWNING", 10, 1000 if p == 0 else 5, None) for p in range(3)])
     [back] = c.exchange()
     assert back.topology_major == 5
-    # only the copy that is behind is rebalanced (to n2, from n1: FULL, 5 entries are below the history
-    # threshold), then n2 takes its primary back; the others are current
-    assert c.rows("migration_plan", (5, 0), "partition_id", "action", "source_node", "target_node",
-                  "rebalance_mode", "to_counter") == {(0, "COPY", "n1", "n2", "FULL", 12),
-                                                      (0, "PROMOTE", "n1", "n2", None, None)}
-    assert ("g", 0, "n2", "MOVING", 10, 5) in c.rows("partition_map", (5, 0), *MAP)
-    assert_table(c, "affinity_assignment", (5, 0), ASSIGNMENT, [
+    # only the copy that is behind is rebalanced, HISTORICAL from n1's WAL (counters 10 to 12), then n2 takes its
+    # primary back; the others are current
+    assert {r[1:] for r in c.rows("migration_plan", (5, 0), "group_name", "partition_id", "action", "source_node",
+                                  "target_node", "rebalance_mode", "from_counter", "to_counter") if r[0] == "g"} == {
+        (0, "COPY", "n1", "n2", "HISTORICAL", 10, 12), (0, "PROMOTE", "n1", "n2", None, None, None)}
+    assert ("g", 0, "n2", "MOVING", 10, 1000) in c.rows("partition_map", (5, 0), *MAP)
+    assert {r for r in c.rows("affinity_assignment", (5, 0), *ASSIGNMENT) if r[0] == "g"} == {
         ("g", 0, 0, "n1", True), ("g", 0, 1, "n2", True), ("g", 1, 0, "n2", False), ("g", 1, 1, "n1", False),
-        ("g", 2, 0, "n3", False), ("g", 2, 1, "n2", False)])
+        ("g", 2, 0, "n3", False), ("g", 2, 1, "n2", False)}
 
 
 def test_baseline_changed_plans_exactly_the_copies_the_new_placement_lacks(spark: Any, tmp_path: Path) -> None:
