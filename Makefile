@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 not found (tried python3.11, python3)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,dev]"
+	$(PY) -m pip install --quiet -e ".[local,test,dev]"
 	# The Delta Lake jars for the delta-spark engine, from Maven Central (needs mvn; without it delta-rs is used).
 	$(PY) -m rebalancer.delta_jars
 	# A class-data archive of the classes every Spark start loads: sessions start about 1.5 s sooner.

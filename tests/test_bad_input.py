@@ -27,7 +27,8 @@ from rebalancer.validation import InputSchemaError, InvalidInputError, validate_
 from tests.exchange_scenarios import T0, Cluster
 
 STATES = "OWNING, MOVING, RENTING, EVICTED, LOST"
-EVENT_TYPES = "NODE_JOINED, NODE_LEFT, NODE_FAILED, CACHE_STARTED, CACHE_STOPPED, RESET_LOST_PARTITIONS"
+EVENT_TYPES = ("NODE_JOINED, NODE_LEFT, NODE_FAILED, NODE_DRAINING, CACHE_STARTED, CACHE_STOPPED, "
+               "RESET_LOST_PARTITIONS, BASELINE_CHANGED, CLUSTER_ACTIVATED, CLUSTER_DEACTIVATED")
 
 # =====================================================================================================================
 # The rows: (case, expected reason or None for a valid row, then the row's SPEC values)
@@ -69,7 +70,7 @@ EVENTS: list[tuple[Any, ...]] = [
      15, "NODE_LEFT", "n2", None),
     ("null_keys", "event_seq is null; it must be a unique bigint", None, "NODE_LEFT", "n1", None),
     ("null_keys", f"event_type is null; it must be one of {EVENT_TYPES}", 16, None, "n1", None),
-    ("null_keys", "NODE_LEFT event has no node_id; NODE_JOINED, NODE_LEFT, NODE_FAILED events need one",
+    ("null_keys", "NODE_LEFT event has no node_id; NODE_JOINED, NODE_LEFT, NODE_FAILED, NODE_DRAINING events need one",
      17, "NODE_LEFT", None, None),
 ]
 

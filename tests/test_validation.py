@@ -440,7 +440,8 @@ def test_events_sharing_an_event_seq_are_all_rejected(outcome: Outcome) -> None:
 
 
 _unknown, _null = event(301, "NODE_CRASHED", "etype-n"), event(302, None, "etype-n")
-_allowed = "NODE_JOINED, NODE_LEFT, NODE_FAILED, CACHE_STARTED, CACHE_STOPPED, RESET_LOST_PARTITIONS"
+_allowed = ("NODE_JOINED, NODE_LEFT, NODE_FAILED, NODE_DRAINING, CACHE_STARTED, CACHE_STOPPED, RESET_LOST_PARTITIONS, "
+            "BASELINE_CHANGED, CLUSTER_ACTIVATED, CLUSTER_DEACTIVATED")
 EVENT_TYPE = case(
     "etype",
     nodes=[node("etype-n")],
@@ -457,15 +458,15 @@ def test_event_with_unknown_or_null_type_is_rejected(outcome: Outcome) -> None:
 
 
 _joined, _failed = event(401, "NODE_JOINED", group_name="enode-g"), event(402, "NODE_FAILED")
-_need = "events need one"
+_need = "NODE_JOINED, NODE_LEFT, NODE_FAILED, NODE_DRAINING events need one"
 ENODE = case(
     "enode",
     cache_groups=[group("enode-g")],
     nodes=[node("enode-n")],
     topology_events=[event(400, "NODE_LEFT", "enode-n"), _joined, _failed],
     rejected=[
-        ("topology_events", _joined, f"NODE_JOINED event has no node_id; NODE_JOINED, NODE_LEFT, NODE_FAILED {_need}"),
-        ("topology_events", _failed, f"NODE_FAILED event has no node_id; NODE_JOINED, NODE_LEFT, NODE_FAILED {_need}"),
+        ("topology_events", _joined, f"NODE_JOINED event has no node_id; {_need}"),
+        ("topology_events", _failed, f"NODE_FAILED event has no node_id; {_need}"),
     ],
 )
 
