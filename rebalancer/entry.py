@@ -19,7 +19,8 @@ def main() -> int:
         print(f"rebalancer: the command needs the engine's dependencies ({exc.name} is missing): {ENGINE_EXTRAS}. "
               "Without them only the client library is installed (rebalancer.client).", file=sys.stderr)
         return 2
-    return int(cli_main() or 0)
+    cli_main()  # exits through SystemExit with the command's status
+    return 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ Run: ``python -m tests.engine_scenario ENGINE WAREHOUSE OUT.json``.
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,40 @@ def run_story(spark: SparkSession, engine: str, warehouse: Path) -> dict[str, An
     return out
 
 
+REPO = Path(__file__).resolve().parent.parent
+DELTA_SPARK_ONLY = "-- delta-spark only"
+DOC_TIMESTAMP = "'2026-01-01 12:00:00'"  # the placeholder of docs/QUERIES.md's TIMESTAMP AS OF block
+
+
+def delta_spark_blocks() -> list[str]:
+    """The ``-- delta-spark only`` SQL blocks of docs/QUERIES.md, in order."""
+    text = (REPO / "docs" / "QUERIES.md").read_text()
+    return [b.strip() for b in re.findall(r"```sql\n(.*?)```", text, flags=re.S) if b.startswith(DELTA_SPARK_ONLY)]
+
+
+def run_queries(spark: SparkSession, engine: str, warehouse: Path) -> dict[str, Any]:
+    """Every delta-spark-only block of docs/QUERIES.md on the story's warehouse, by table name as a session opened
+    by the library sees it (the timestamp placeholder replaced by migration_plan's newest commit time)."""
+    copy = warehouse.parent / f"{warehouse.name}-queries"  # RESTORE writes: keep the story's warehouse as it is
+    shutil.copytree(warehouse, copy)
+    settings = Settings().with_overrides(storage={"warehouse": str(copy), "engine": engine})
+    wh = open_warehouse(spark, settings.storage)
+    wh.register_views()
+    newest = spark.sql("DESCRIBE HISTORY migration_plan").agg({"timestamp": "max"}).collect()[0][0]
+    plan_at_0 = spark.sql("SELECT count(*) FROM migration_plan VERSION AS OF 0").collect()[0][0]
+    plan_before = spark.sql("SELECT count(*) FROM migration_plan").collect()[0][0]
+    results = []
+    for block in delta_spark_blocks():
+        sql = block.replace(DOC_TIMESTAMP, f"'{newest:%Y-%m-%d %H:%M:%S.%f}'")
+        rows = spark.sql(sql).collect()
+        results.append({"sql": sql, "rows": json.loads(json.dumps([list(r) for r in rows], default=str))})
+    return {"results": results, "plan_at_0": plan_at_0, "plan_before": plan_before,
+            "plan_after_restore": spark.sql("SELECT count(*) FROM migration_plan").collect()[0][0],
+            "plan_read_after_restore": wh.read("migration_plan").count(),
+            "reports_now": spark.sql("SELECT count(*) FROM partition_reports").collect()[0][0],
+            "reports_at_1": spark.sql("SELECT count(*) FROM partition_reports VERSION AS OF 1").collect()[0][0]}
+
+
 def main() -> None:
     engine, warehouse, target = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     from rebalancer.config import SparkSettings
@@ -56,7 +92,10 @@ def main() -> None:
 
     spark = get_spark(SparkSettings(master="local[2]", shuffle_partitions=2, driver_memory="1g",
                                     app_name=f"engine-scenario-{engine}"), delta=engine == "delta-spark")
-    target.write_text(json.dumps(run_story(spark, engine, warehouse)))
+    out = run_story(spark, engine, warehouse)
+    if engine == "delta-spark":
+        out["queries"] = run_queries(spark, engine, warehouse)
+    target.write_text(json.dumps(out))
     spark.stop()
 
 

@@ -71,3 +71,19 @@ def test_delta_spark_tables_stay_plain_delta(delta_spark_story: Any) -> None:
         protocol = deltalake.DeltaTable(str(warehouse / name)).protocol()
         assert (protocol.min_reader_version, protocol.min_writer_version) == (1, 2), name
         assert not protocol.reader_features and not protocol.writer_features, name
+
+
+def test_time_travel_history_and_restore_work_by_table_name(delta_spark_story: Any) -> None:
+    """Every ``-- delta-spark only`` block of docs/QUERIES.md runs on the delta-spark warehouse by table name (its
+    tables are catalog tables of the session, not views): history, VERSION AS OF, TIMESTAMP AS OF, RESTORE."""
+    _, story = delta_spark_story
+    q = story["queries"]
+    history, version_1, timestamp, restore = q["results"]
+    assert history["sql"].endswith("DESCRIBE HISTORY partition_reports")
+    assert [row[0] for row in history["rows"]][-1] == 0 and len(history["rows"]) >= 2  # Delta versions, newest first
+    assert version_1["rows"] == [[q["reports_at_1"]]] and q["reports_at_1"] == q["reports_now"] > 0
+    copies = {row[0]: row[1] for row in timestamp["rows"]}
+    assert copies["COPY"] == sum(1 for r in story["migration_plan"] if r[6] == "COPY") > 0
+    assert restore["sql"].startswith("-- delta-spark only\nRESTORE TABLE migration_plan")
+    assert q["plan_before"] > 0 and q["plan_at_0"] == 0
+    assert q["plan_after_restore"] == q["plan_read_after_restore"] == 0

@@ -41,6 +41,7 @@ from rebalancer.storage.base import (
     project_declared,
     quote_identifier,
     retry_on_conflict,
+    sql_literal,
     where_predicate,
     where_sql,
 )
@@ -129,6 +130,17 @@ def warehouse_uri(warehouse: str | Path) -> str:
     if scheme and len(scheme) > 1:  # a real scheme, not a Windows drive letter
         return text.rstrip("/") or text
     return str(Path(text).expanduser().resolve())
+
+
+def _same_location(a: str, b: str) -> bool:
+    """Whether two table locations name one directory (``file:`` URIs and plain paths alike)."""
+
+    def norm(x: str) -> str:
+        parsed = urlparse(x)
+        path = parsed.path if parsed.scheme in ("file", "") else x
+        return posixpath.normpath(path.rstrip("/"))
+
+    return norm(a) == norm(b)
 
 
 def table_reference(name: str, location: str | None, catalog_prefix: str = "") -> str:
@@ -356,8 +368,29 @@ class DeltaSparkWarehouse(Warehouse):
 
     # ---- views ----
     def _register_view(self, name: str) -> None:
+        """A path warehouse's table becomes a catalog table of the session (an external Delta table over its
+        path), so ``VERSION AS OF``, ``DESCRIBE HISTORY`` and ``RESTORE`` work by name; a name the session's
+        catalog already gives to another table keeps a temporary view instead (the user's table is not touched).
+        Catalog warehouses (``catalog_prefix``) get a view by the short name; their tables have their own names."""
         self._require(name)
+        if not self.catalog_prefix and self._as_catalog_table(name):
+            return
         self.spark.sql(view_sql(name, self._reference(name), tables.SCHEMAS.get(name)))
+
+    def _as_catalog_table(self, name: str) -> bool:
+        """Register ``name`` as an external Delta table at its path; False when the name is another table's."""
+        location = self.path_of(name)
+        self.spark.catalog.dropTempView(name)  # a view of the same name would hide the table
+        if self.spark.catalog.tableExists(name):
+            detail = self.spark.sql(f"DESCRIBE DETAIL {quote_identifier(name)}").collect()
+            return bool(detail and _same_location(str(detail[0]["location"]), location))
+        self.spark.sql(f"CREATE TABLE {quote_identifier(name)} USING DELTA LOCATION {sql_literal(location)}")
+        return True
+
+    def _refresh_view(self, name: str) -> None:
+        """A catalog table reads the newest snapshot by itself; only a view needs re-pointing."""
+        if name in self._views and not self.spark.catalog.tableExists(name):
+            self._register_view(name)
 
     def _require(self, name: str) -> None:
         if not self.exists(name):
