@@ -35,9 +35,11 @@ COMPARED = {
 }
 
 
-def run_story(spark: SparkSession, engine: str, warehouse: Path) -> dict[str, Any]:
-    """Generate 4 nodes x 1 group x 16 partitions, exchange, fail node1, exchange; the committed rows."""
-    settings = Settings().with_overrides(storage={"warehouse": str(warehouse), "engine": engine})
+def run_story(spark: SparkSession, engine: str, warehouse: Path, catalog_prefix: str = "") -> dict[str, Any]:
+    """Generate 4 nodes x 1 group x 16 partitions, exchange, fail node1, exchange; the committed rows.
+    ``catalog_prefix``: the tables are catalog tables ``<prefix>.<name>`` (delta-spark) instead of paths."""
+    settings = Settings().with_overrides(storage={"warehouse": str(warehouse), "engine": engine,
+                                                  "catalog_prefix": catalog_prefix})
     wh = open_warehouse(spark, settings.storage)
     generate_into(spark, wh, settings, nodes=4, groups=1, partitions=16, backups=1, seed=3)
     run_exchange(spark, wh, settings)
@@ -85,16 +87,35 @@ def run_queries(spark: SparkSession, engine: str, warehouse: Path) -> dict[str, 
             "reports_at_1": spark.sql("SELECT count(*) FROM partition_reports VERSION AS OF 1").collect()[0][0]}
 
 
+CATALOG_PREFIX = "spark_catalog.rebalancer"  # a schema of the session catalog, as catalog.schema under Unity Catalog
+
+
+def run_catalog_story(spark: SparkSession) -> dict[str, Any]:
+    """The story with ``storage.catalog_prefix``: tables created, written and read by name in a schema of the
+    session catalog; then read and time travelled by their full names."""
+    spark.sql(f"CREATE SCHEMA IF NOT EXISTS {CATALOG_PREFIX}")
+    out = run_story(spark, "delta-spark", Path("unused"), CATALOG_PREFIX)
+    names = {r.tableName for r in spark.sql(f"SHOW TABLES IN {CATALOG_PREFIX}").collect()}
+    out["tables"] = sorted(names)
+    out["history"] = spark.sql(f"DESCRIBE HISTORY {CATALOG_PREFIX}.exchanges").count()
+    count = "SELECT count(*) FROM {}.exchanges {}"
+    out["exchanges_at_1"] = spark.sql(count.format(CATALOG_PREFIX, "VERSION AS OF 1")).collect()[0][0]
+    out["exchanges_now"] = spark.sql(count.format(CATALOG_PREFIX, "")).collect()[0][0]
+    return out
+
+
 def main() -> None:
     engine, warehouse, target = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     from rebalancer.config import SparkSettings
     from rebalancer.session import get_spark
 
     spark = get_spark(SparkSettings(master="local[2]", shuffle_partitions=2, driver_memory="1g",
-                                    app_name=f"engine-scenario-{engine}"), delta=engine == "delta-spark")
+                                    app_name=f"engine-scenario-{engine}"),
+                      {"spark.sql.warehouse.dir": str(warehouse.parent / "catalog")}, delta=engine == "delta-spark")
     out = run_story(spark, engine, warehouse)
     if engine == "delta-spark":
         out["queries"] = run_queries(spark, engine, warehouse)
+        out["catalog"] = run_catalog_story(spark)
     target.write_text(json.dumps(out))
     spark.stop()
 

@@ -87,3 +87,16 @@ def test_time_travel_history_and_restore_work_by_table_name(delta_spark_story: A
     assert restore["sql"].startswith("-- delta-spark only\nRESTORE TABLE migration_plan")
     assert q["plan_before"] > 0 and q["plan_at_0"] == 0
     assert q["plan_after_restore"] == q["plan_read_after_restore"] == 0
+
+
+def test_a_catalog_prefix_warehouse_commits_the_same_rows_in_a_schema(delta_spark_story: Any) -> None:
+    """``storage.catalog_prefix = "spark_catalog.rebalancer"`` (a schema of the session catalog, as a Unity Catalog
+    ``catalog.schema``): the same story creates, writes and reads its tables by name, with the same rows as the
+    path warehouse, and they time travel by their full names."""
+    _, story = delta_spark_story
+    catalog = story["catalog"]
+    assert catalog["engine"] == "delta-spark"
+    for name in COMPARED:
+        assert catalog[name] == story[name], name
+    assert set(catalog["tables"]) >= set(SCHEMAS)
+    assert catalog["exchanges_now"] == 2 and catalog["exchanges_at_1"] < 2 and catalog["history"] >= 3

@@ -251,11 +251,18 @@ class DeltaSparkWarehouse(Warehouse):
         for name in chosen:
             if self.exists(name):
                 continue
-            builder = DeltaTable.createIfNotExists(self.spark)
             if self.catalog_prefix:
-                builder = builder.tableName(self.path_of(name))
-            else:
-                builder = builder.location(self.path_of(name))
+                # SQL, not DeltaTableBuilder.tableName: the builder parses at most database.table, and Unity Catalog
+                # names are catalog.schema.table
+                columns = ", ".join(
+                    f"{quote_identifier(f.name)} {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
+                    for f in tables.SCHEMAS[name].fields)
+                properties = ", ".join(f"{sql_literal(k)} = {sql_literal(v)}" for k, v in TABLE_PROPERTIES.items())
+                self.spark.sql(f"CREATE TABLE IF NOT EXISTS {self._reference(name)} ({columns}) USING DELTA "
+                               f"TBLPROPERTIES ({properties})")
+                created.append(name)
+                continue
+            builder = DeltaTable.createIfNotExists(self.spark).location(self.path_of(name))
             builder = builder.addColumns(tables.SCHEMAS[name])
             for key, value in TABLE_PROPERTIES.items():
                 builder = builder.property(key, value)
