@@ -87,6 +87,40 @@ def run_queries(spark: SparkSession, engine: str, warehouse: Path) -> dict[str, 
             "reports_at_1": spark.sql("SELECT count(*) FROM partition_reports VERSION AS OF 1").collect()[0][0]}
 
 
+def run_race(spark: SparkSession, engine: str, warehouse: Path) -> dict[str, Any]:
+    """Two exchanges of one pending event race on a copy of the story's warehouse, both holding their computed
+    version until the other has too: what each ended with, and the committed exchanges."""
+    import threading
+
+    copy = warehouse.parent / f"{warehouse.name}-race"
+    shutil.copytree(warehouse, copy)
+    settings = Settings().with_overrides(storage={"warehouse": str(copy), "engine": engine})
+    append_event(spark, open_warehouse(spark, settings.storage), "NODE_JOINED", node_id="node1")
+    both_computed = threading.Barrier(2, timeout=600)
+
+    def hold(point: str) -> None:
+        if point == "after:client_affinity":  # the last output: both runs hold the same version, uncommitted
+            both_computed.wait()
+
+    outcomes: dict[str, Any] = {}
+
+    def run(name: str) -> None:
+        try:
+            summaries = run_exchange(spark, open_warehouse(spark, settings.storage), settings, fault_hook=hold)
+            outcomes[name] = {"committed": [[s.topology_major, s.topology_minor] for s in summaries]}
+        except Exception as exc:  # noqa: BLE001 - the test inspects what each run ended with
+            outcomes[name] = {"error": type(exc).__name__, "message": str(exc)}
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    exchanges = open_warehouse(spark, settings.storage).read("exchanges").collect()
+    return {"outcomes": sorted(outcomes.values(), key=lambda o: "error" in o),
+            "exchanges": sorted([r.exchange_id, r.topology_major, r.topology_minor] for r in exchanges)}
+
+
 CATALOG_PREFIX = "spark_catalog.rebalancer"  # a schema of the session catalog, as catalog.schema under Unity Catalog
 
 
@@ -115,6 +149,7 @@ def main() -> None:
     out = run_story(spark, engine, warehouse)
     if engine == "delta-spark":
         out["queries"] = run_queries(spark, engine, warehouse)
+        out["race"] = run_race(spark, engine, warehouse)
         out["catalog"] = run_catalog_story(spark)
     target.write_text(json.dumps(out))
     spark.stop()

@@ -100,3 +100,15 @@ def test_a_catalog_prefix_warehouse_commits_the_same_rows_in_a_schema(delta_spar
         assert catalog[name] == story[name], name
     assert set(catalog["tables"]) >= set(SCHEMAS)
     assert catalog["exchanges_now"] == 2 and catalog["exchanges_at_1"] < 2 and catalog["history"] >= 3
+
+
+def test_two_exchanges_racing_on_delta_spark_commit_one_version_and_one_clear_error(delta_spark_story: Any) -> None:
+    """As on delta-rs (tests/test_exchange_job.py): both runs compute version 6.0; one commits it, the other gets
+    the one-sentence ExchangeConflictError and nothing is duplicated."""
+    _, story = delta_spark_story
+    race = story["race"]
+    won, lost = race["outcomes"]
+    assert won == {"committed": [[6, 0]]}, race
+    assert lost["error"] == "ExchangeConflictError" and "committed by another run" in lost["message"], race
+    assert "\n" not in lost["message"]
+    assert [e[1:] for e in race["exchanges"]] == [[4, 0], [5, 0], [6, 0]]
