@@ -24,14 +24,16 @@ demo: $(STAMP)
 
 # Test workers: each runs its own local[2] Spark session. Spark jobs on the suite's tiny frames wait mostly on
 # the driver (scheduling, py4j round trips), so three workers on two cores finish much sooner than one.
+# loadgroup: tests marked with one xdist_group share a worker (and so its module fixtures: tests/test_delta_spark.py).
 TEST_WORKERS ?= 3
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
+	$(PY) -m pytest -q $(XDIST) --durations=15
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m ""
+	$(PY) -m pytest -q $(XDIST) -m ""
 
 # Real Apache Ignite 2.x and Hazelcast 5.x against rebalancer, slow scenarios included (docs/INTEROP.md; needs java
 # and mvn: the jars come from Maven Central once, into .cache/m2). `make test` runs the fast ones, `test-all` all.

@@ -23,11 +23,15 @@ from rebalancer.tables import SCHEMAS
 from tests.engine_scenario import COMPARED, run_story
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.skipif(
-    not delta_jars.jars(),
-    reason="delta-spark tests skipped: the Delta jars are not fetched (make install runs python -m "
-    "rebalancer.delta_jars, which needs mvn and Maven Central)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not delta_jars.jars(),
+        reason="delta-spark tests skipped: the Delta jars are not fetched (make install runs python -m "
+        "rebalancer.delta_jars, which needs mvn and Maven Central)",
+    ),
+    # one test worker runs them all, so the delta-spark process (a few minutes) runs once, not once per worker
+    pytest.mark.xdist_group("delta-spark"),
+]
 
 
 @pytest.fixture(scope="module")
