@@ -34,7 +34,9 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
+# session scope: xdist sends the group's tests to one worker, but not necessarily one after another, and a module
+# fixture would be rebuilt whenever that worker ran a test of another module in between (3 x 230 s measured)
+@pytest.fixture(scope="session")
 def delta_spark_story(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     work = tmp_path_factory.mktemp("delta-spark")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
