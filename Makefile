@@ -24,9 +24,8 @@ demo: $(STAMP)
 
 # Test workers: each runs its own local[2] Spark session. Spark jobs on the suite's tiny frames wait mostly on
 # the driver (scheduling, py4j round trips), so three workers on two cores finish much sooner than one.
-# loadgroup: tests marked with one xdist_group share a worker (and so its module fixtures: tests/test_delta_spark.py).
 TEST_WORKERS ?= 3
-XDIST := -n $(TEST_WORKERS) --dist loadgroup
+XDIST := -n $(TEST_WORKERS)
 
 test: $(STAMP)
 	$(VENV)/bin/lint-imports

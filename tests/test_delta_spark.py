@@ -21,6 +21,7 @@ from rebalancer.producers import append_event
 from rebalancer.storage import open_warehouse
 from rebalancer.tables import SCHEMAS
 from tests.engine_scenario import COMPARED, run_story
+from tests.interop.harness import once_per_session
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = [
@@ -29,23 +30,26 @@ pytestmark = [
         reason="delta-spark tests skipped: the Delta jars are not fetched (make install runs python -m "
         "rebalancer.delta_jars, which needs mvn and Maven Central)",
     ),
-    # one test worker runs them all, so the delta-spark process (a few minutes) runs once, not once per worker
-    pytest.mark.xdist_group("delta-spark"),
 ]
 
 
-# session scope: xdist sends the group's tests to one worker, but not necessarily one after another, and a module
-# fixture would be rebuilt whenever that worker ran a test of another module in between (3 x 230 s measured)
 @pytest.fixture(scope="session")
 def delta_spark_story(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    work = tmp_path_factory.mktemp("delta-spark")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.engine_scenario", "delta-spark", str(work / "w"), str(work / "story.json")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return work / "w", json.loads((work / "story.json").read_text())
+    """The delta-spark process, once per test session: its result is shared by every xdist worker (a worker per
+    test would otherwise run it again: 3 x 230 s measured in CI)."""
+
+    def run(work: Path) -> dict[str, Any]:
+        work.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.engine_scenario", "delta-spark", str(work / "w"), str(work / "story.json")],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return {"warehouse": str(work / "w"), "story": json.loads((work / "story.json").read_text())}
+
+    shared = once_per_session(tmp_path_factory.getbasetemp(), "delta-spark-story", run)
+    return Path(shared["warehouse"]), shared["story"]
 
 
 def test_delta_spark_commits_the_rows_delta_rs_commits(spark: Any, delta_spark_story: Any, tmp_path: Path) -> None:
