@@ -74,6 +74,11 @@ class BaselineConfig(_Strict):
     auto_adjust: bool = True
     auto_adjust_timeout_s: float = Field(0.0, ge=0)
 
+    @property
+    def follows_at_once(self) -> bool:
+        """The baseline is the alive servers after every event (auto-adjust without a timeout)."""
+        return self.auto_adjust and self.auto_adjust_timeout_s <= 0
+
 
 class Settings(_Strict):
     """Every setting of the engine; see ``conf/default.toml`` for what each means."""

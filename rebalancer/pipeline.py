@@ -50,12 +50,12 @@ from rebalancer.config import Settings
 from rebalancer.exchange import routing
 from rebalancer.exchange.batches import KINDS, OUTPUT_SCHEMA, SUMMARY, SUMMARY_COLUMNS, decide_stream
 from rebalancer.exchange.events import (
-    BaselineSettings,
     ClusterState,
     ExchangeStep,
     NodeInfo,
     TopologyState,
     coordinator_of,
+    placement_servers,
     plan_exchanges,
 )
 from rebalancer.exchange.kernel import (
@@ -234,7 +234,7 @@ def run_exchange(
             state = committed.state if committed else TopologyState()
             steps, rejections = plan_exchanges(
                 state, inputs.events, inputs.node_catalog, inputs.groups.column("group_name").to_pylist(),
-                BaselineSettings(settings.baseline.auto_adjust, settings.baseline.auto_adjust_timeout_s),
+                settings.baseline,
             )
             rejections = inputs.late + rejections
             if rejections and settings.validation.strict:
@@ -605,7 +605,7 @@ class _Run:
         cluster = step.cluster
         if settings.persistent and cluster.baseline is not None:
             return frozenset(n for n in cluster.baseline if n in self._nodes)
-        return frozenset(n for n, i in step.alive.items() if not i.is_client and n not in cluster.draining)
+        return placement_servers(step.alive, cluster.draining)
 
     def _balanced_previous(self, prev: Committed | None, groups: Mapping[str, GroupSettings]
                            ) -> PreviousPlacement | None:
@@ -979,7 +979,7 @@ def _placing(alive: Mapping[str, NodeInfo], cluster: ClusterState) -> tuple[froz
                                                                            bool]:
     """What of the cluster state decides placements and plans beyond the alive servers: a baseline that is not
     simply the alive servers (auto-adjust makes it so after every node event), the draining nodes, activity."""
-    servers = frozenset(n for n, i in alive.items() if not i.is_client and n not in cluster.draining)
+    servers = placement_servers(alive, cluster.draining)
     baseline = None if cluster.baseline is None or cluster.baseline == servers else cluster.baseline
     return baseline, cluster.draining, cluster.active
 

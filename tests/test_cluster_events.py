@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rebalancer.config import BaselineConfig
 from rebalancer.exchange.events import (
-    BaselineSettings,
     ClusterState,
     Event,
     NodeInfo,
@@ -20,15 +20,15 @@ from rebalancer.exchange.events import (
 CATALOG = {f"n{i}": NodeInfo(i, False) for i in range(1, 6)} | {"c1": NodeInfo(9, True)}
 GROUPS = ["g"]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-PERSISTENT = BaselineSettings(auto_adjust=False)
-IN_MEMORY = BaselineSettings()
+PERSISTENT = BaselineConfig(auto_adjust=False)
+IN_MEMORY = BaselineConfig()
 
 
 def at(seq: int, kind: str, node: str | None = None, seconds: float | None = None) -> Event:
     return Event(seq, kind, node_id=node, event_time=T0 + timedelta(seconds=seq if seconds is None else seconds))
 
 
-def steady(settings: BaselineSettings = IN_MEMORY) -> TopologyState:
+def steady(settings: BaselineConfig = IN_MEMORY) -> TopologyState:
     steps, _ = plan_exchanges(TopologyState(), [at(1, "NODE_JOINED", "n1"), at(2, "NODE_JOINED", "n2"),
                                                 at(3, "NODE_JOINED", "n3")], CATALOG, GROUPS, settings)
     s = steps[-1]
@@ -55,7 +55,7 @@ def test_without_auto_adjust_a_failure_keeps_the_baseline_until_baseline_changed
 
 
 def test_a_timeout_adjusts_the_baseline_once_an_event_comes_that_late() -> None:
-    slow = BaselineSettings(auto_adjust=True, auto_adjust_timeout_s=60)
+    slow = BaselineConfig(auto_adjust=True, auto_adjust_timeout_s=60)
     state = steady(slow)
     early = [at(4, "NODE_FAILED", "n2", seconds=10), at(5, "CACHE_STARTED", seconds=30)]
     steps, _ = plan_exchanges(state, [early[0]], CATALOG, GROUPS, slow)
@@ -117,7 +117,7 @@ def test_cluster_state_invariants_over_random_histories(kinds: list[tuple[str, s
                                                         timeout: float) -> None:
     """Draining nodes are alive servers; auto-adjust without a timeout keeps the baseline equal to the alive
     servers not draining; the baseline never holds a client or a draining node; versions only grow."""
-    settings = BaselineSettings(auto, timeout)
+    settings = BaselineConfig(auto_adjust=auto, auto_adjust_timeout_s=timeout)
     events = [at(i + 1, kind, None if kind.startswith(("BASELINE", "CLUSTER")) else node)
               for i, (kind, node) in enumerate(kinds)]
     steps, rejected = plan_exchanges(TopologyState(), events, CATALOG, GROUPS, settings)

@@ -10,11 +10,12 @@ Rules (SPEC "Exchange (PME)", Ignite's AffinityTopologyVersion):
   NODE_DRAINING is a node event (the node stays alive and serving, leaves the placement candidates and the
   baseline); BASELINE_CHANGED (node_id null: the alive servers not draining become the baseline),
   CLUSTER_ACTIVATED and CLUSTER_DEACTIVATED bump the minor version (``ALL``), one exchange each. The baseline
-  (:class:`BaselineSettings`): with auto-adjust and no timeout it is the alive servers not draining after every
-  event; with a timeout it follows them once an event arrives at least the timeout after the last node event;
-  without auto-adjust it is set by the first activation (or the first exchange with a server) and then only by
-  BASELINE_CHANGED and drains. A cluster is active from its first exchange; its first CLUSTER_ACTIVATED (accepted
-  even then) sets the baseline to the alive servers, as activating a persistent Ignite cluster does.
+  (``[baseline]``, :class:`rebalancer.config.BaselineConfig`): with auto-adjust and no timeout it is the alive
+  servers not draining after every event; with a timeout it follows them once an event arrives at least the
+  timeout after the last node event; without auto-adjust it is set by the first activation (or the first exchange
+  with a server) and then only by BASELINE_CHANGED and drains. A cluster is active from its first exchange; its
+  first CLUSTER_ACTIVATED (accepted even then) sets the baseline to the alive servers, as activating a persistent
+  Ignite cluster does.
 - An event that cannot apply (a join of a node already alive, a leave of a node not alive, an event for a node
   or group the input tables do not know, a start of a running group, a stop of a stopped one) is rejected with a
   reason and changes nothing; it is still consumed, so it is not re-read forever.
@@ -32,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from rebalancer.config import BaselineConfig
 from rebalancer.vocabulary import (
     ALL,
     BASELINE_CHANGED,
@@ -51,7 +53,6 @@ from rebalancer.vocabulary import (
 )
 
 __all__ = [
-    "BaselineSettings",
     "ClusterState",
     "Event",
     "ExchangeStep",
@@ -60,6 +61,7 @@ __all__ = [
     "TopologyState",
     "coordinator_of",
     "late_events",
+    "placement_servers",
     "plan_exchanges",
 ]
 
@@ -80,17 +82,7 @@ class Event:
     event_time: datetime | None = None
 
 
-@dataclass(frozen=True)
-class BaselineSettings:
-    """``[baseline]`` of the configuration (Ignite's baseline auto-adjust; its defaults, for in-memory clusters).
-
-    Attributes:
-        auto_adjust: the baseline follows the alive servers (not draining).
-        auto_adjust_timeout_s: ... once an event arrives at least this long after the last node event (0: at once).
-    """
-
-    auto_adjust: bool = True
-    auto_adjust_timeout_s: float = 0.0
+IN_MEMORY = BaselineConfig()  # the defaults: the baseline follows the alive servers
 
 
 @dataclass(frozen=True)
@@ -156,7 +148,7 @@ def coordinator_of(alive: Mapping[str, NodeInfo]) -> str | None:
     return min(servers)[1] if servers else None
 
 
-def _servers(alive: Mapping[str, NodeInfo], draining: frozenset[str]) -> frozenset[str]:
+def placement_servers(alive: Mapping[str, NodeInfo], draining: frozenset[str]) -> frozenset[str]:
     """The alive servers that are not draining: the placement candidates, and what auto-adjust follows."""
     return frozenset(n for n, i in alive.items() if not i.is_client and n not in draining)
 
@@ -204,7 +196,7 @@ def _cluster_event_problem(event: Event, cluster: ClusterState) -> str | None:
     return None
 
 
-def _due(cluster: ClusterState, settings: BaselineSettings, when: datetime | None) -> bool:
+def _due(cluster: ClusterState, settings: BaselineConfig, when: datetime | None) -> bool:
     """Whether the auto-adjust timeout has passed at ``when`` (an event's time) since the last node event."""
     if not (settings.auto_adjust and cluster.adjust_due):
         return False
@@ -218,7 +210,7 @@ def plan_exchanges(
     pending: Iterable[Event],
     node_catalog: Mapping[str, NodeInfo],
     group_catalog: Iterable[str],
-    baseline: BaselineSettings = BaselineSettings(),
+    baseline: BaselineConfig = IN_MEMORY,
 ) -> tuple[list[ExchangeStep], list[Rejection]]:
     """Turn pending events (any order; processed by ``event_seq``) into the exchanges to commit.
 
@@ -255,8 +247,8 @@ def plan_exchanges(
     def follow(c: ClusterState, draining: frozenset[str]) -> ClusterState:
         """The baseline after an event: auto-adjust without a timeout follows the alive servers at once; the first
         exchange with a server sets it; a drain removes the node from it."""
-        servers = _servers(alive, draining)
-        if baseline.auto_adjust and baseline.auto_adjust_timeout_s <= 0:
+        servers = placement_servers(alive, draining)
+        if baseline.follows_at_once:
             return replace(c, baseline=servers, draining=draining, adjust_due=False)
         if c.baseline is None:  # set by the first exchange with a server
             return replace(c, baseline=servers if servers else None, draining=draining)
@@ -266,7 +258,7 @@ def plan_exchanges(
     while i < len(events):
         if _due(cluster, baseline, events[i].event_time):
             # the timeout passed with no node event: the baseline follows the alive servers from here
-            cluster = replace(cluster, baseline=_servers(alive, cluster.draining), adjust_due=False)
+            cluster = replace(cluster, baseline=placement_servers(alive, cluster.draining), adjust_due=False)
         if events[i].event_type in NODE_EVENTS:
             merged: list[int] = []
             server_change = False
@@ -309,12 +301,12 @@ def plan_exchanges(
                 continue
             activated = event.event_type == CLUSTER_ACTIVATED
             if event.event_type == BASELINE_CHANGED:
-                cluster = replace(cluster, baseline=_servers(alive, cluster.draining), adjust_due=False)
+                cluster = replace(cluster, baseline=placement_servers(alive, cluster.draining), adjust_due=False)
             elif activated:
                 first = not cluster.explicit
                 cluster = replace(cluster, active=True, explicit=True)
-                if first or cluster.baseline is None or (baseline.auto_adjust and baseline.auto_adjust_timeout_s <= 0):
-                    cluster = replace(cluster, baseline=_servers(alive, cluster.draining), adjust_due=False)
+                if first or cluster.baseline is None or baseline.follows_at_once:
+                    cluster = replace(cluster, baseline=placement_servers(alive, cluster.draining), adjust_due=False)
             else:
                 cluster = replace(cluster, active=False, explicit=True)
             minor += 1
