@@ -5,6 +5,7 @@ the ``rebalancer`` command says which extra brings the engine."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import venv
@@ -25,8 +26,15 @@ print(json.dumps({"partition": p, "nodes": nodes}))
 
 
 def test_the_wheel_installs_without_spark_and_its_client_routes_a_key(tmp_path: Path) -> None:
+    # build from a copy: setuptools leaves build/ and *.egg-info beside the sources, and a stale build/lib would
+    # go into later wheels
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    shutil.copytree(REPO / "rebalancer", source / "rebalancer", ignore=shutil.ignore_patterns("__pycache__"))
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(REPO)], check=True,
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(source)], check=True,
                    capture_output=True, text=True)
     [wheel] = dist.glob("rebalancer-*.whl")
     env = tmp_path / "venv"
