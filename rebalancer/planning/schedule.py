@@ -131,29 +131,31 @@ Lower bound (:func:`lower_bound`, :func:`lower_bound_terms`)
     property tests check that it never exceeds the makespan of any policy on thousands of random plans.
 
 Implementation
-    An event queue holds overhead ends, transfer ends and direction releases (lazily invalidated when a
-    transfer's rate changes). Events less than 1e-9 s apart are processed as one instant, so symmetric transfers
-    end together despite rounding. After an event only the transfers sharing a sender or a receiver with a
-    transfer that started or ended can change rate, and only those whose stream exceeds the new fair share
-    ``bw / count``. A ready step that does not fit waits in a heap, ordered by priority, per pair of nodes it
-    would touch (its node twice for a one-node step; a COPY in the pair of each candidate and its target). A
-    pair holds waiting steps only while one of its nodes is closed (for a COPY: the target's slots or inbound
-    direction, the candidate's slots or outbound direction), so when a node opens only its pairs with an open
-    partner are looked at (an intersection with the set of open nodes), merged in priority order; every waiting
-    step taken out starts. Scheduling time is this event loop, in Python, once per candidate: measured on 2
-    cores, the XXL failure plan (1,824 steps) takes 0.06-0.31 s of CPU, a synthetic plan of 1,000,000 steps on
-    1,000 nodes 262 s (docs/PLANNING.md, "Speed").
+    The event loop is :mod:`rebalancer.planning.event_loop` (run as Python for small plans, compiled by numba for
+    large ones, with the same result). An event queue holds overhead ends, transfer ends and direction releases
+    (an event moves when a transfer's rate changes). Events less than 1e-9 s apart are processed as one instant,
+    so symmetric transfers end together despite rounding. After an event only the transfers sharing a sender or a
+    receiver with a transfer that started or ended can change rate, and only those whose stream exceeds the new
+    fair share ``bw / count``. A ready step that does not fit waits in a heap, ordered by priority, per pair of
+    nodes it would touch (its node twice for a one-node step; a COPY in the pair of each candidate and its
+    target). A pair holds waiting steps only while one of its nodes is closed (for a COPY: the target's slots or
+    inbound direction, the candidate's slots or outbound direction), so when a node opens only its pairs with an
+    open partner are looked at (its list of pairs, or a bitwise AND of its partners with the open nodes when that
+    is shorter), merged in priority order; every waiting step taken out starts. Scheduling time is this loop, once
+    per candidate (docs/PLANNING.md, "Speed").
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from rebalancer.planning import event_loop
+from rebalancer.planning.event_loop import A_COPY, A_DROP, A_PROMOTE
 
 __all__ = [
     "PLAN_INPUT_SCHEMA",
@@ -200,9 +202,7 @@ SCHEDULED_SCHEMA = pa.schema([*PLAN_INPUT_SCHEMA, *_SCHEDULE_FIELDS])
 _LOWER_BOUND_COLUMNS = (
     "group_name", "partition_id", "step", "action", "source_node", "target_node", "transfer", "bytes"
 )
-_A_COPY, _A_PROMOTE, _A_DROP = 0, 1, 2
-_ACTION_CODES = {COPY: _A_COPY, PROMOTE: _A_PROMOTE, DROP: _A_DROP}
-_EVENT_EPS = 1e-9  # events closer than this are one instant
+_ACTION_CODES = {COPY: A_COPY, PROMOTE: A_PROMOTE, DROP: A_DROP}
 _WAVE_DECIMALS = 9
 _RATE_TOLERANCE = 0.5  # bytes/s: committed stream rates are sums of the model's rates
 
@@ -289,9 +289,9 @@ class _Candidate:
 class _Run:
     """A simulated schedule: per row its start, end and the node it read from; and its makespan."""
 
-    start: list[float]
-    end: list[float]
-    chosen: list[int]
+    start: np.ndarray
+    end: np.ndarray
+    chosen: np.ndarray
     makespan: float
 
 
@@ -402,8 +402,8 @@ def lower_bound_terms(scheduled: pa.Table, model: CostModel) -> BoundTerms:
     cols = _cast_columns(scheduled, [*_LOWER_BOUND_COLUMNS, *(["candidates"] if with_candidates else [])])
     n = scheduled.num_rows
     action = _actions(cols["action"])
-    is_copy = action == _A_COPY
-    promote = action == _A_PROMOTE
+    is_copy = action == A_COPY
+    promote = action == A_PROMOTE
     nbytes = np.where(is_copy, cols["bytes"].fill_null(0).to_numpy().astype(np.float64), 0.0)
     bw, cap, overhead = model.node_bandwidth_bytes_per_s, model.max_parallel_per_node, model.overhead_s
     rate = np.minimum(_streams(cols["transfer"], is_copy, model), bw)
@@ -414,7 +414,7 @@ def lower_bound_terms(scheduled: pa.Table, model: CostModel) -> BoundTerms:
     nodes, (src, tgt, *flat) = _node_indices(node_columns)
     if (src < 0).any():
         raise ScheduleInputError("lower_bound: source_node must not be null")
-    if ((action != _A_DROP) & (tgt < 0)).any():
+    if ((action != A_DROP) & (tgt < 0)).any():
         raise ScheduleInputError("lower_bound: target_node must not be null for a COPY or a PROMOTE")
     nn = len(nodes)
     part = _partition_codes(cols["group_name"], cols["partition_id"])
@@ -429,7 +429,7 @@ def lower_bound_terms(scheduled: pa.Table, model: CostModel) -> BoundTerms:
         pool_row = np.concatenate([pool_row, cand_row[keep]])
         pool_node = np.concatenate([pool_node, flat[0][keep]])
     keep = pool_node != tgt[pool_row]
-    pairs = np.unique(pool_row[keep] * nn + pool_node[keep])
+    pairs = event_loop.dense_codes(pool_row[keep] * nn + pool_node[keep])[0]
     pool_row, pool_node = pairs // nn, pairs % nn
     pool_len = np.bincount(pool_row, minlength=n)
     if (is_copy & (pool_len == 0)).any():
@@ -605,9 +605,10 @@ def _partition_codes(group: pa.Array, pid: pa.Array) -> np.ndarray:
     """Dense codes of ``(group_name, partition_id)`` in ascending order."""
     g_codes = _group_codes(group)
     pids = pid.to_numpy(zero_copy_only=False).astype(np.int64)
-    keys = np.stack([g_codes, pids], axis=1)
-    _, inverse = np.unique(keys, axis=0, return_inverse=True)
-    return np.asarray(inverse, dtype=np.int64).reshape(-1)
+    if not len(pids):
+        return pids
+    span = int(pids.max()) - int(pids.min()) + 1  # partition ids are int32: the key fits in int64
+    return event_loop.dense_codes(g_codes * span + (pids - pids.min()))[1]
 
 
 def _group_codes(group: pa.Array) -> np.ndarray:
@@ -627,7 +628,7 @@ def _decode(plan: pa.Table, names: list[str], model: CostModel) -> _Plan:
         if cols[name].null_count:
             raise ScheduleInputError(f"{name}: expected no nulls, got {cols[name].null_count} null(s)")
     action = _actions(cols["action"])
-    is_copy = action == _A_COPY
+    is_copy = action == A_COPY
 
     cand = cols["candidates"]
     lengths = pc.list_value_length(cand).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -635,7 +636,7 @@ def _decode(plan: pa.Table, names: list[str], model: CostModel) -> _Plan:
         [cols["source_node"], cols["target_node"], cols["primary_node"], cand.flatten()]
     )
 
-    needs_target = action != _A_DROP
+    needs_target = action != A_DROP
     if (needs_target & (tgt < 0)).any():
         rows = np.flatnonzero(needs_target & (tgt < 0))[:5].tolist()
         raise ScheduleInputError(f"target_node: expected a node for every COPY and PROMOTE, got null at rows {rows}")
@@ -649,7 +650,7 @@ def _decode(plan: pa.Table, names: list[str], model: CostModel) -> _Plan:
     nn = max(len(nodes), 1)
     cand_row = np.repeat(np.arange(n, dtype=np.int64), lengths)
     keep = is_copy[cand_row] & (flat_idx >= 0)
-    keys = np.unique(cand_row[keep] * nn + flat_idx[keep])
+    keys = event_loop.dense_codes(cand_row[keep] * nn + flat_idx[keep])[0]
     has_src = np.zeros(n, dtype=bool)
     copies = np.flatnonzero(is_copy)
     has_src[copies] = np.isin(copies * nn + src[copies], keys)
@@ -708,7 +709,7 @@ def _decode(plan: pa.Table, names: list[str], model: CostModel) -> _Plan:
 
 def _solo_durations(p: _Plan, model: CostModel) -> np.ndarray:
     """Each step's duration when it runs alone: ``overhead_s + bytes / min(stream, bw)`` (COPY), else overhead."""
-    is_copy = p.action == _A_COPY
+    is_copy = p.action == A_COPY
     rate = np.minimum(p.stream, model.node_bandwidth_bytes_per_s)
     moving = np.divide(p.nbytes, rate, out=np.zeros(p.n), where=is_copy)
     return model.overhead_s + moving
@@ -722,7 +723,7 @@ def _serial(p: _Plan, solo: np.ndarray) -> _Run:
     ends = np.cumsum(solo[p.order])
     start, end = np.empty(p.n), np.empty(p.n)
     start[p.order], end[p.order] = np.concatenate([[0.0], ends[:-1]]), ends
-    return _Run(start.tolist(), end.tolist(), p.src.tolist(), float(ends[-1]) if p.n else 0.0)
+    return _Run(start, end, p.src, float(ends[-1]) if p.n else 0.0)
 
 
 def _positions(p: _Plan) -> np.ndarray:
@@ -749,7 +750,7 @@ def _hazelcast_sources(p: _Plan) -> np.ndarray:
 
 def _hazelcast(p: _Plan) -> _Candidate:
     """``hazelcast``: first fit in ``(group_name, partition_id, step)`` order, every COPY from its primary."""
-    is_copy = p.action == _A_COPY
+    is_copy = p.action == A_COPY
     source = _hazelcast_sources(p)
     bad = np.flatnonzero(is_copy & (source == p.tgt))
     if len(bad):
@@ -817,8 +818,8 @@ class _NodeLoads:
         """The loads of the nodes of ``p`` under ``model``, ``solo`` being each row's solo duration."""
         nn = len(p.nodes)
         cap, bw = model.max_parallel_per_node, model.node_bandwidth_bytes_per_s
-        is_copy = p.action == _A_COPY
-        on_tgt = np.flatnonzero(is_copy | ((p.action == _A_PROMOTE) & (p.tgt != p.src)))
+        is_copy = p.action == A_COPY
+        on_tgt = np.flatnonzero(is_copy | ((p.action == A_PROMOTE) & (p.tgt != p.src)))
         on_src = np.flatnonzero(~is_copy)
         pool_rows = _pool_rows(p)
         share = 1.0 / np.diff(p.pool_start)[pool_rows]
@@ -857,7 +858,7 @@ def _slack_rank(p: _Plan, loads: _NodeLoads) -> np.ndarray:
     np.maximum.at(relaxed, loads.rows[k:], latest[k:])  # a COPY reads from the pool member it has most time on
     slack = np.minimum(slack, np.where(np.isfinite(relaxed), relaxed, np.inf))
     rank = np.empty(p.n, dtype=np.int64)
-    rank[np.lexsort((position, slack, p.action == _A_COPY, p.owners, ~_urgent(p)))] = np.arange(p.n, dtype=np.int64)
+    rank[np.lexsort((position, slack, p.action == A_COPY, p.owners, ~_urgent(p)))] = np.arange(p.n, dtype=np.int64)
     return rank
 
 
@@ -868,14 +869,14 @@ def _bottleneck_rank(p: _Plan, loads: _NodeLoads, solo: np.ndarray) -> np.ndarra
     the COPYs it may send; a step's bottleneck load the largest over the nodes it touches, a COPY's source side
     counted at its least loaded candidate."""
     nn = len(p.nodes)
-    is_copy = p.action == _A_COPY
+    is_copy = p.action == A_COPY
     rows = _pool_rows(p)
     load = loads.pinned + np.bincount(p.pool_node, weights=solo[rows] / np.diff(p.pool_start)[rows], minlength=nn)
     least = np.full(p.n, np.inf)
     np.minimum.at(least, rows, load[p.pool_node])
     target = np.where(p.tgt >= 0, load[np.maximum(p.tgt, 0)], 0.0)
     bottleneck = np.where(is_copy, np.maximum(target, least), load[p.src])
-    promote = p.action == _A_PROMOTE
+    promote = p.action == A_PROMOTE
     bottleneck[promote] = np.maximum(load[p.src[promote]], load[p.tgt[promote]])
     rank = np.empty(p.n, dtype=np.int64)
     order = np.lexsort((_positions(p), -solo, -bottleneck, is_copy, p.owners, ~_urgent(p)))
@@ -884,9 +885,8 @@ def _bottleneck_rank(p: _Plan, loads: _NodeLoads, solo: np.ndarray) -> np.ndarra
 
 
 def _simulate(p: _Plan, model: CostModel, cand: _Candidate, solo: np.ndarray, horizon: float = math.inf) -> _Run:
-    """Greedy list scheduling of ``p`` under the fluid cost model (module docstring, "Implementation").
-
-    At every instant the ready steps are offered free slots in ``cand.rank`` order and every one that fits starts.
+    """Greedy list scheduling of ``p`` under the fluid cost model (module docstring, "Implementation"): at every
+    instant the ready steps are offered free slots in ``cand.rank`` order and every one that fits starts.
 
     Args:
         p: the decoded plan.
@@ -898,341 +898,17 @@ def _simulate(p: _Plan, model: CostModel, cand: _Candidate, solo: np.ndarray, ho
     Returns:
         Start, end and source of every row (``source_node`` for PROMOTE and DROP), and the makespan.
     """
-    n, nn = p.n, len(p.nodes)
-    chosen = p.src.tolist()
-    start = [0.0] * n
-    end = [0.0] * n
-    if n == 0:
-        return _Run(start, end, chosen, 0.0)
-    cap = model.max_parallel_per_node
-    bw = model.node_bandwidth_bytes_per_s
-    overhead = model.overhead_s
-    streams = (model.entry_stream_bytes_per_s, model.file_stream_bytes_per_s)
-    action = p.action.tolist()
-    tgt = p.tgt.tolist()
-    src = p.src.tolist()
-    nxt = p.nxt.tolist()
-    rank = cand.rank.tolist()
-    pool_node = cand.pool_node.tolist()
-    pool_start = cand.pool_start.tolist()
-    nbytes = p.nbytes.tolist()
-    stream = p.stream.tolist()
-    kind_of = (p.stream != streams[0]).astype(np.int8).tolist()  # 0: entries, 1: files (when the rates differ)
-    solo_l = solo.tolist()
-    balanced = cand.work is not None
-    work = cand.work.tolist() if cand.work is not None else []
-    limit = cand.limits.tolist() if cand.limits is not None else [math.inf] * nn
-    lookahead = cand.limits is not None
-
-    busy = [0] * nn  # running steps touching the node
-    c_in = [0.0] * nn  # committed stream rate of the COPYs into the node (direction-aware admission) ...
-    c_out = [0.0] * nn
-    k_in = [0] * nn  # ... and their count: a direction with none committed always admits one
-    k_out = [0] * nn
-    sending = [0] * nn  # running COPYs reading from the node
-    assigned = [0.0] * nn  # bytes the node was picked to send so far
-    n_in = [0] * nn  # transfers in their transfer phase into the node
-    n_out = [0] * nn
-    into: tuple[list[set[int]], ...] = ([set() for _ in range(nn)], [set() for _ in range(nn)])  # by stream kind
-    out_of: tuple[list[set[int]], ...] = ([set() for _ in range(nn)], [set() for _ in range(nn)])
-    left = [0.0] * n  # bytes left at `since`
-    rate = [0.0] * n
-    since = [0.0] * n
-    version = [0] * n  # bumped when a transfer's end moves: older events are void
-    epoch = [0] * n  # bumped when a row starts or waits again: older waiting entries are void
-    committed = [False] * n  # counted in c_in / c_out
-    open_slot = set(range(nn))  # nodes with a free slot
-    open_in = set(range(nn))  # ... whose inbound direction admits a COPY
-    open_out = set(range(nn))
-    # Blocked ready steps wait in one heap per pair of nodes as (rank, row, epoch): a COPY in (source, target)
-    # for every source it may read from (key (s * nn + t) * 2), a PROMOTE or a DROP in its unordered pair of nodes
-    # (key (u * nn + w) * 2 + 1, u <= w). A pair only holds steps while one of its nodes is closed, so when a node
-    # opens, only its pairs with an open partner are looked at.
-    waiting: dict[int, list[tuple[int, int, int]]] = {}
-    senders_to: list[set[int]] = [set() for _ in range(nn)]  # s with a waiting pair (s, t), per t
-    receivers_of: list[set[int]] = [set() for _ in range(nn)]
-    slot_partners: list[set[int]] = [set() for _ in range(nn)]
-    events: list[tuple[float, int, int, int]] = []  # (time, 0 overhead end | 1 transfer end | 2 release, row, version)
-    push, pop = heapq.heappush, heapq.heappop
-
-    def refresh(v: int) -> None:
-        if busy[v] < cap:
-            open_slot.add(v)
-            (open_in.add if not k_in[v] or c_in[v] < limit[v] else open_in.discard)(v)
-            (open_out.add if not k_out[v] or c_out[v] < limit[v] else open_out.discard)(v)
-        else:
-            open_slot.discard(v)
-            open_in.discard(v)
-            open_out.discard(v)
-
-    def wait(i: int) -> None:
-        epoch[i] += 1
-        entry = (rank[i], i, epoch[i])
-        if action[i] == _A_COPY:
-            g = tgt[i]
-            for c in pool_node[pool_start[i] : pool_start[i + 1]]:
-                key = (c * nn + g) << 1
-                heap = waiting.get(key)
-                if heap is None:
-                    waiting[key] = [entry]
-                    receivers_of[c].add(g)
-                    senders_to[g].add(c)
-                else:
-                    push(heap, entry)
-            return
-        u = src[i]
-        w = tgt[i] if action[i] == _A_PROMOTE else u
-        if w < u:
-            u, w = w, u
-        key = ((u * nn + w) << 1) | 1
-        heap = waiting.get(key)
-        if heap is None:
-            waiting[key] = [entry]
-            slot_partners[u].add(w)
-            slot_partners[w].add(u)
-        else:
-            push(heap, entry)
-
-    def try_start(i: int, t: float) -> None:
-        if action[i] == _A_COPY:
-            g = tgt[i]
-            best = -1
-            if g in open_in:
-                best_key = (0.0, 0, 0.0)
-                for c in pool_node[pool_start[i] : pool_start[i + 1]]:
-                    if c in open_out:
-                        if not balanced:
-                            best = c
-                            break
-                        key = (work[c], sending[c], assigned[c])
-                        if best < 0 or key < best_key:
-                            best, best_key = c, key
-            if best < 0:
-                wait(i)
-                return
-            s_i = stream[i]
-            busy[g] += 1
-            busy[best] += 1
-            c_in[g] += s_i
-            c_out[best] += s_i
-            k_in[g] += 1
-            k_out[best] += 1
-            committed[i] = True
-            sending[best] += 1
-            assigned[best] += nbytes[i]
-            if balanced:
-                work[best] += solo_l[i]
-            chosen[i] = best
-            refresh(g)
-            refresh(best)
-        else:
-            u = src[i]
-            w = tgt[i]
-            if action[i] == _A_PROMOTE and w != u:
-                if u not in open_slot or w not in open_slot:
-                    wait(i)
-                    return
-                busy[w] += 1
-                refresh(w)
-            elif u not in open_slot:
-                wait(i)
-                return
-            busy[u] += 1
-            refresh(u)
-        epoch[i] += 1
-        start[i] = t
-        push(events, (t + overhead, 0, i, 0))
-
-    def head(key: int) -> int:
-        """Rank of the first live entry of a pair's heap; drops the pair (-1) when it holds none."""
-        heap = waiting[key]
-        while heap and heap[0][2] != epoch[heap[0][1]]:
-            pop(heap)
-        if heap:
-            return heap[0][0]
-        del waiting[key]
-        u, w = divmod(key >> 1, nn)
-        if key & 1:
-            slot_partners[u].discard(w)
-            slot_partners[w].discard(u)
-        else:
-            receivers_of[u].discard(w)
-            senders_to[w].discard(u)
-        return -1
-
-    def is_open(key: int) -> bool:
-        u, w = divmod(key >> 1, nn)
-        if key & 1:
-            return u in open_slot and w in open_slot
-        return u in open_out and w in open_in
-
-    def dispatch(t: float, freed: set[int], ready: list[int]) -> None:
-        keys: set[int] = set()
-        for v in freed:
-            if v not in open_slot:
-                continue
-            if v in open_out and receivers_of[v]:
-                keys.update(((v * nn + w) << 1) for w in receivers_of[v] & open_in)
-            if v in open_in and senders_to[v]:
-                keys.update(((u * nn + v) << 1) for u in senders_to[v] & open_out)
-            if slot_partners[v]:
-                keys.update(((min(v, w) * nn + max(v, w)) << 1) | 1 for w in slot_partners[v] & open_slot)
-        if not keys:  # nothing waits where a slot opened: the ready steps in rank order
-            ready.sort(key=rank.__getitem__)
-            for i in ready:
-                try_start(i, t)
-            return
-        frontier = [(r, key) for key in keys if (r := head(key)) >= 0]
-        fresh = [(rank[i], i) for i in ready]
-        heapq.heapify(fresh)
-        if fresh:
-            frontier.append((fresh[0][0], -1))
-        heapq.heapify(frontier)
-        while frontier:
-            r, key = pop(frontier)
-            if key < 0:
-                try_start(pop(fresh)[1], t)
-                if fresh:
-                    push(frontier, (fresh[0][0], -1))
-                continue
-            if key not in waiting or not is_open(key):
-                continue  # a node of the pair closed again: none of its steps fits now
-            r2 = head(key)
-            if r2 != r:
-                if r2 >= 0:
-                    push(frontier, (r2, key))
-                continue
-            try_start(pop(waiting[key])[1], t)  # both nodes open: it starts
-            if key in waiting and is_open(key) and (r2 := head(key)) >= 0:
-                push(frontier, (r2, key))
-
-    def release(j: int, freed: set[int]) -> None:
-        """j's transfer ends within overhead_s: it stops counting against its directions (lookahead)."""
-        committed[j] = False
-        g, s = tgt[j], chosen[j]
-        c_in[g] -= stream[j]
-        c_out[s] -= stream[j]
-        k_in[g] -= 1
-        k_out[s] -= 1
-        refresh(g)
-        refresh(s)
-        freed.add(g)
-        freed.add(s)
-
-    def retime(j: int, t: float, new: float, freed: set[int]) -> None:
-        """Settle j's progress at t and go on at rate ``new``."""
-        old = rate[j]
-        if new == old:
-            return
-        rest = max(left[j] - old * (t - since[j]), 0.0)
-        left[j] = rest
-        since[j] = t
-        rate[j] = new
-        version[j] += 1
-        finish = t + rest / new
-        push(events, (finish, 1, j, version[j]))
-        if lookahead and committed[j]:
-            if finish - overhead <= t:
-                release(j, freed)
-            else:
-                push(events, (finish - overhead, 2, j, version[j]))
-
-    def reshare(v: int, count: int, outward: bool, t: float, freed: set[int]) -> None:
-        """The transfer count of a direction of v changed, from or to ``count`` (the larger): re-rate its transfers
-        of every stream kind faster than ``bw / count`` (the others run at their stream rate either way)."""
-        share = bw / count
-        sets = out_of if outward else into
-        for kind in (0, 1):
-            if streams[kind] > share:
-                for j in sets[kind][v]:
-                    a, b = n_out[chosen[j]], n_in[tgt[j]]
-                    retime(j, t, min(stream[j], bw / (a if a > b else b)), freed)
-
-    is_first = np.ones(n, dtype=bool)
+    nn = len(p.nodes)
+    is_first = np.ones(p.n, dtype=bool)
     is_first[p.nxt[p.nxt >= 0]] = False
-    dispatch(0.0, set(), np.flatnonzero(is_first).tolist())
-    last = 0.0
-    while events:
-        t, kind, i, ver = pop(events)
-        if kind and ver != version[i]:
-            continue
-        if t > horizon:
-            return _Run(start, end, chosen, math.inf)
-        batch = [(kind, i)]
-        instant = t + _EVENT_EPS
-        while events and events[0][0] <= instant:
-            _, kind, i, ver = pop(events)
-            if not kind or ver == version[i]:
-                batch.append((kind, i))
-        freed: set[int] = set()
-        ready: list[int] = []
-        changed: list[tuple[int, int, bool]] = []  # (node, larger count, outward)
-        entering: list[int] = []
-        for kind, i in batch:
-            if kind == 2:
-                if committed[i]:
-                    release(i, freed)
-                continue
-            a = action[i]
-            if a == _A_COPY and (kind == 1 or nbytes[i] > 0):
-                s, g, k = chosen[i], tgt[i], kind_of[i]
-                if kind == 0:  # overhead over: the transfer starts
-                    n_out[s] += 1
-                    n_in[g] += 1
-                    out_of[k][s].add(i)
-                    into[k][g].add(i)
-                    left[i] = nbytes[i]
-                    since[i] = t
-                    rate[i] = 0.0
-                    changed.append((s, n_out[s], True))
-                    changed.append((g, n_in[g], False))
-                    entering.append(i)
-                    continue
-                changed.append((s, n_out[s], True))  # transfer over
-                changed.append((g, n_in[g], False))
-                n_out[s] -= 1
-                n_in[g] -= 1
-                out_of[k][s].discard(i)
-                into[k][g].discard(i)
-                version[i] += 1
-            end[i] = t
-            last = t
-            if a == _A_COPY:
-                s, g = chosen[i], tgt[i]
-                busy[s] -= 1
-                busy[g] -= 1
-                sending[s] -= 1
-                if committed[i]:
-                    committed[i] = False
-                    c_in[g] -= stream[i]
-                    c_out[s] -= stream[i]
-                    k_in[g] -= 1
-                    k_out[s] -= 1
-                refresh(s)
-                refresh(g)
-                freed.add(s)
-                freed.add(g)
-            else:
-                u, w = src[i], tgt[i]
-                busy[u] -= 1
-                refresh(u)
-                freed.add(u)
-                if a == _A_PROMOTE and w != u:
-                    busy[w] -= 1
-                    refresh(w)
-                    freed.add(w)
-            if nxt[i] >= 0:
-                ready.append(nxt[i])
-        for v, count, outward in changed:
-            reshare(v, count, outward, t, freed)
-        for i in entering:
-            if rate[i] == 0.0:  # no reshare rated it: it runs at its stream rate
-                a, b = n_out[chosen[i]], n_in[tgt[i]]
-                retime(i, t, min(stream[i], bw / (a if a > b else b)), freed)
-        dispatch(t, freed, ready)
-    if waiting and any(head(key) >= 0 for key in list(waiting)):
-        raise RuntimeError("scheduler bug: steps were left waiting with no step running")
-    return _Run(start, end, chosen, last)
+    loop_input = event_loop.LoopInput(
+        action=p.action, tgt=p.tgt, src=p.src, nxt=p.nxt, rank=cand.rank, pool_node=cand.pool_node,
+        pool_start=cand.pool_start, nbytes=p.nbytes, stream=p.stream, solo=solo, first=np.flatnonzero(is_first),
+        work=cand.work if cand.work is not None else np.zeros(nn), balanced=cand.work is not None,
+        limit=cand.limits if cand.limits is not None else np.full(nn, math.inf), lookahead=cand.limits is not None,
+        nn=nn, cap=model.max_parallel_per_node, bw=model.node_bandwidth_bytes_per_s, overhead=model.overhead_s,
+    )
+    return _Run(*event_loop.run(loop_input, horizon))
 
 
 def _with_schedule(plan: pa.Table, p: _Plan, run: _Run) -> pa.Table:
