@@ -102,11 +102,12 @@ def _layout(x: LoopInput) -> tuple[np.ndarray, ...]:
 
     Blocked steps wait per *pair* of nodes: a COPY in the pair of its target and each node it may read from (key
     ``(s * nn + t) * 2``), a PROMOTE or a DROP in the unordered pair of the nodes it touches (key
-    ``(u * nn + w) * 2 + 1``, u <= w). Returns ``pair_keys`` (ascending; a pair's number is its index) and, as
-    int64 arrays: each pool entry's pair; each PROMOTE's or DROP's pair (-1 for a COPY); each pair's nodes and
-    whether it is a slot pair; ``heap_start`` (each pair's slice of the waiting entries: a step waits at most once,
-    in each of its pairs); ``pairs_start`` (each node's slice of the list of its pairs); ``in_start`` /
-    ``out_start`` (each node's slice of its running transfers, at most its cap); ``row_of_rank``.
+    ``(u * nn + w) * 2 + 1``, u <= w); pairs are numbered in key order. Returns, as int64 arrays in the order of
+    ``_loop``'s parameters: each pool entry's pair; each PROMOTE's or DROP's pair (-1 for a COPY); each pair's two
+    nodes and whether it is a slot pair; ``heap_start`` (each pair's slice of the waiting entries: a step waits at
+    most once, in each of its pairs); ``pairs_start`` (each node's slice of the list of its pairs); ``in_start`` /
+    ``out_start`` (each node's slice of its running transfers, at most its cap); ``row_of_rank``; and the three
+    arrays of :func:`_partners`.
     """
     action, nn = np.asarray(x.action), x.nn
     n = len(action)
@@ -125,7 +126,7 @@ def _layout(x: LoopInput) -> tuple[np.ndarray, ...]:
     row_pair[others] = codes[len(copy_keys) :]
     pair_u, pair_w = (pair_keys >> 1) // nn, (pair_keys >> 1) % nn
     entries = np.bincount(np.concatenate([pool_pair, row_pair[others]]), minlength=len(pair_keys))
-    listed = np.bincount(pair_u, minlength=nn) + np.bincount(pair_w[pair_w != pair_u], minlength=nn)
+    listings = np.bincount(pair_u, minlength=nn) + np.bincount(pair_w[pair_w != pair_u], minlength=nn)
     copies = action == A_COPY
     cap = min(x.cap, max(n, 1))
     inbound = np.minimum(np.bincount(tgt[copies], minlength=nn), cap)
@@ -133,7 +134,7 @@ def _layout(x: LoopInput) -> tuple[np.ndarray, ...]:
     row_of_rank = np.empty(n, dtype=np.int64)
     row_of_rank[np.asarray(x.rank, dtype=np.int64)] = np.arange(n, dtype=np.int64)
     return (pool_pair, row_pair, pair_u, pair_w, pair_keys & 1, *(_offsets(c) for c in
-            (entries, listed, inbound, outbound)), row_of_rank, *_partners(pair_u, pair_w, pair_keys & 1, nn))
+            (entries, listings, inbound, outbound)), row_of_rank, *_partners(pair_u, pair_w, pair_keys & 1, nn))
 
 
 def _partners(pair_u: np.ndarray, pair_w: np.ndarray, pair_slot: np.ndarray, nn: int) -> tuple[np.ndarray, ...]:
@@ -169,8 +170,8 @@ def _offsets(counts: np.ndarray) -> np.ndarray:
 
 
 def compile_ahead() -> bool:
-    """Compile the loop now (minutes, once: numba caches the machine code beside this module, or in its user cache
-    where that is read-only), so that the first large plan does not wait for it. False without numba."""
+    """Compile the loop now (about a minute, once: numba caches the machine code beside this module, or in its user
+    cache where that is read-only), so that the first large plan does not wait for it. False without numba."""
     if _compiled_loop() is None:
         return False
     one_copy = LoopInput(action=[A_COPY], tgt=[1], src=[0], nxt=[-1], rank=[0], pool_node=[0], pool_start=[0, 1],
