@@ -58,6 +58,11 @@ class Cluster:
         self.warehouse.append("topology_events", self.spark.createDataFrame([row], TOPOLOGY_EVENTS))
         return self._seq
 
+    def skip_past(self, seq: int) -> None:
+        """Events up to ``seq`` were appended by another writer (the twin appends its failures): number the next
+        ones after them, as a producer reading the table would (a repeated ``event_seq`` is a different test)."""
+        self._seq = max(self._seq, seq)
+
     def join(self, *node_ids: str, client: bool = False) -> None:
         for node_id in node_ids:
             self.node(node_id, client=client)

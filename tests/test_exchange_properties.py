@@ -198,6 +198,7 @@ def twin(c: Cluster, committed: list[Version], **kwargs: Any) -> Any:
     for r in result.rounds:
         note(f"twin round on {r.version}: copies={r.copies} drops={r.drops} failed={r.failed_node}")
         committed.extend((s.topology_major, s.topology_minor) for s in r.exchanges)
+        c.skip_past(max((seq for s in r.exchanges for seq in s.merged_event_seqs), default=0))
     return result
 
 
