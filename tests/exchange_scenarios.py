@@ -58,10 +58,16 @@ class Cluster:
         self.warehouse.append("topology_events", self.spark.createDataFrame([row], TOPOLOGY_EVENTS))
         return self._seq
 
-    def skip_past(self, seq: int) -> None:
-        """Events up to ``seq`` were appended by another writer (the twin appends its failures): number the next
-        ones after them, as a producer reading the table would (a repeated ``event_seq`` is a different test)."""
-        self._seq = max(self._seq, seq)
+    def twin(self, **kwargs: Any) -> Any:
+        """Run the twin (``rebalancer.twin.simulate``) on this cluster. The twin appends the failures it injects to
+        the events, so this cluster numbers its next events after the ones the twin's exchanges merged (a reused
+        ``event_seq`` is a duplicate key: the engine keeps the first row)."""
+        from rebalancer.twin.simulate import simulate
+
+        result = simulate(self.spark, self.warehouse, self.settings, clock=self.clock, **kwargs)
+        merged = [seq for r in result.rounds for s in r.exchanges for seq in s.merged_event_seqs]
+        self._seq = max([self._seq, *merged])
+        return result
 
     def join(self, *node_ids: str, client: bool = False) -> None:
         for node_id in node_ids:

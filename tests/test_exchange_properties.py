@@ -73,7 +73,6 @@ from hypothesis import strategies as st
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.client.affinity import assign
 from rebalancer.pipeline import VERSIONED_TABLES
-from rebalancer.twin.simulate import simulate
 from tests.exchange_scenarios import Cluster
 
 if os.environ.get("EXCHANGE_PROPERTY_EXAMPLES"):
@@ -194,11 +193,10 @@ def test_exchange_invariants_hold_on_random_clusters_and_events(
 
 def twin(c: Cluster, committed: list[Version], **kwargs: Any) -> Any:
     """Run the twin; record the versions its exchanges commit."""
-    result = simulate(c.spark, c.warehouse, c.settings, clock=c.clock, **kwargs)
+    result = c.twin(**kwargs)
     for r in result.rounds:
         note(f"twin round on {r.version}: copies={r.copies} drops={r.drops} failed={r.failed_node}")
         committed.extend((s.topology_major, s.topology_minor) for s in r.exchanges)
-        c.skip_past(max((seq for s in r.exchanges for seq in s.merged_event_seqs), default=0))
     return result
 
 

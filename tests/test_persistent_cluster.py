@@ -108,12 +108,10 @@ def test_a_deactivated_cluster_plans_no_data_movement_until_activated(spark: Any
 
 
 def test_the_twin_converges_after_a_drain_and_after_a_baseline_node_failure(spark: Any, tmp_path: Path) -> None:
-    from rebalancer.twin.simulate import simulate
-
     c = steady_three_nodes(spark, tmp_path / "drain")
     c.event("NODE_DRAINING", node="n2")
     c.exchange()
-    result = simulate(c.spark, c.warehouse, c.settings, clock=c.clock, until_stable=True)
+    result = c.twin(until_stable=True)
     assert result.stability is not None and result.stability.stable, result.stability
     # n2 holds nothing any more: its leave plans nothing and loses nothing
     latest = result.stability.version
@@ -125,6 +123,6 @@ def test_the_twin_converges_after_a_drain_and_after_a_baseline_node_failure(spar
     p = steady_three_nodes(spark, tmp_path / "persistent", baseline=PERSISTENT)
     p.event("NODE_FAILED", node="n2")
     p.exchange()
-    result = simulate(p.spark, p.warehouse, p.settings, clock=p.clock, until_stable=True)
+    result = p.twin(until_stable=True)
     assert result.stability is not None and result.stability.stable, result.stability
     assert [r.copies for r in result.rounds] in ([], [0])  # stable at once: nothing to copy
