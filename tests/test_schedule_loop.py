@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -64,17 +63,10 @@ def test_compiled_and_python_loops_give_the_same_schedule_on_a_suite_plan_and_a_
 
 
 def loop_input(plan) -> event_loop.LoopInput:  # noqa: ANN001
-    p = schedule._decode(plan, schedule.PLAN_INPUT_SCHEMA.names, schedule.CostModel())
-    cand = schedule._hazelcast(p)
-    is_first = np.ones(p.n, dtype=bool)
-    is_first[p.nxt[p.nxt >= 0]] = False
-    nn = len(p.nodes)
-    return event_loop.LoopInput(
-        action=p.action, tgt=p.tgt, src=p.src, nxt=p.nxt, rank=cand.rank, pool_node=cand.pool_node,
-        pool_start=cand.pool_start, nbytes=p.nbytes, stream=p.stream,
-        solo=schedule._solo_durations(p, schedule.CostModel()), first=np.flatnonzero(is_first), work=np.zeros(nn),
-        balanced=False, limit=np.full(nn, math.inf), lookahead=False, nn=nn, cap=2, bw=2.5e9, overhead=0.1,
-    )
+    """The loop's input for ``plan``'s ``hazelcast`` candidate, at two slots per node."""
+    model = schedule.CostModel(max_parallel_per_node=2)
+    p = schedule._decode(plan, schedule.PLAN_INPUT_SCHEMA.names, model)
+    return schedule._loop_input(p, model, schedule._hazelcast(p), schedule._solo_durations(p, model))
 
 
 @pytest.mark.parametrize("compiled", [False, True])

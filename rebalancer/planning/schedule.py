@@ -898,17 +898,21 @@ def _simulate(p: _Plan, model: CostModel, cand: _Candidate, solo: np.ndarray, ho
     Returns:
         Start, end and source of every row (``source_node`` for PROMOTE and DROP), and the makespan.
     """
+    return _Run(*event_loop.run(_loop_input(p, model, cand, solo), horizon))
+
+
+def _loop_input(p: _Plan, model: CostModel, cand: _Candidate, solo: np.ndarray) -> event_loop.LoopInput:
+    """What the event loop reads to simulate candidate ``cand`` of plan ``p``."""
     nn = len(p.nodes)
     is_first = np.ones(p.n, dtype=bool)
     is_first[p.nxt[p.nxt >= 0]] = False
-    loop_input = event_loop.LoopInput(
+    return event_loop.LoopInput(
         action=p.action, tgt=p.tgt, src=p.src, nxt=p.nxt, rank=cand.rank, pool_node=cand.pool_node,
         pool_start=cand.pool_start, nbytes=p.nbytes, stream=p.stream, solo=solo, first=np.flatnonzero(is_first),
         work=cand.work if cand.work is not None else np.zeros(nn), balanced=cand.work is not None,
         limit=cand.limits if cand.limits is not None else np.full(nn, math.inf), lookahead=cand.limits is not None,
         nn=nn, cap=model.max_parallel_per_node, bw=model.node_bandwidth_bytes_per_s, overhead=model.overhead_s,
     )
-    return _Run(*event_loop.run(loop_input, horizon))
 
 
 def _with_schedule(plan: pa.Table, p: _Plan, run: _Run) -> pa.Table:
