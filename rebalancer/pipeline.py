@@ -24,6 +24,7 @@ Nothing here decides anything about a partition; it wires the stages to storage 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -51,6 +52,7 @@ from rebalancer.exchange import routing
 from rebalancer.exchange.batches import KINDS, OUTPUT_SCHEMA, SUMMARY, SUMMARY_COLUMNS, decide_stream
 from rebalancer.exchange.events import (
     ClusterState,
+    Event,
     ExchangeStep,
     NodeInfo,
     TopologyState,
@@ -95,10 +97,21 @@ from rebalancer.vocabulary import (
     REPLICATED,
 )
 
-__all__ = ["STAGES", "VERSIONED_TABLES", "ExchangeConflictError", "ExchangeSummary", "run_exchange"]
+__all__ = [
+    "STAGES",
+    "VERSIONED_TABLES",
+    "ExchangeConflictError",
+    "ExchangeSummary",
+    "Hypothesis",
+    "Hypothetical",
+    "Meter",
+    "run_exchange",
+    "tagged",
+]
 
-#: Tables that hold one complete copy per committed version (every output but ``exchanges`` and ``rejected_rows``).
-VERSIONED_TABLES = tuple(n for n in OUTPUT_TABLES if n not in ("exchanges", "rejected_rows"))
+#: Tables that hold one complete copy per committed version (every output but ``exchanges``, ``rejected_rows``
+#: and ``what_if``).
+VERSIONED_TABLES = tuple(n for n in OUTPUT_TABLES if n not in ("exchanges", "rejected_rows", "what_if"))
 #: Versioned tables with one row per partition or copy: written from Spark. The others go through the driver.
 # Which partitions a node's departure or arrival touches is found on the driver up to these sizes (copies of the
 # carried groups read as Arrow; partitions x servers ranked by the client's affinity), beyond them by a Spark job.
@@ -152,24 +165,26 @@ class ExchangeSummary:
 # =====================================================================================================================
 
 
-class _Meter:
-    """Wall seconds per stage, and the Spark jobs started under one job group (classic sessions only)."""
+class Meter:
+    """Wall seconds per stage, and the Spark jobs started under one job group (classic sessions only); every job
+    is described in the Spark UI as ``rebalancer <work>: <stage>``."""
 
-    def __init__(self, spark: SparkSession) -> None:
+    def __init__(self, spark: SparkSession, work: str = "exchange") -> None:
         self.seconds: dict[str, float] = {}
         self.stage_jobs: dict[str, int] = {}
-        self._group = f"rebalancer-exchange-{uuid.uuid4().hex[:12]}"
+        self._work = work
+        self._group = f"rebalancer-{work}-{uuid.uuid4().hex[:12]}"
         try:
             self._sc: Any = spark.sparkContext
         except Exception:  # Spark Connect: no SparkContext, no job count
             self._sc = None
         if self._sc is not None:
-            self._sc.setJobGroup(self._group, "rebalancer exchange")
+            self._sc.setJobGroup(self._group, f"rebalancer {work}")
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
         if self._sc is not None:
-            self._sc.setJobDescription(f"rebalancer exchange: {name}")
+            self._sc.setJobDescription(f"rebalancer {self._work}: {name}")
         t0 = time.perf_counter()
         jobs0 = self.jobs() or 0
         try:
@@ -223,7 +238,7 @@ def run_exchange(
     """
     hook = fault_hook or (lambda _point: None)
     run_started = clock()
-    meter = _Meter(spark)
+    meter = Meter(spark)
     run: _Run | None = None
     try:
         with meter.stage("inputs"):
@@ -260,12 +275,110 @@ def run_exchange(
             assert summary is not None
             summaries.append(summary)
             prev = run.committed_after(step, summary, prev)
-            meter = _Meter(spark)
+            meter = Meter(spark)
         return summaries
     finally:
         meter.close()
         if run is not None:
             run.release()
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One exchange decided but not run (``rebalancer what-if``): what its kernel would be given.
+
+    Attributes:
+        step: the exchange the event set makes.
+        groups: its running groups.
+        context: the kernel's exchange-wide facts.
+        everything: every partition is recomputed (else ``whole_groups`` and ``keys``).
+        whole_groups: groups recomputed whole.
+        keys: single partitions recomputed, ``(group_name, partition_id)``.
+    """
+
+    step: ExchangeStep
+    groups: dict[str, GroupSettings]
+    context: KernelContext
+    everything: bool
+    whole_groups: frozenset[str]
+    keys: frozenset[tuple[str, int]]
+
+
+class Hypothetical:
+    """Exchanges decided but not run (``rebalancer what-if``): for an event set, the exchange it would make after
+    the latest committed version and which partitions that exchange recomputes, exactly as :func:`run_exchange`
+    would decide them; nothing is run or written.
+
+    Only the committed state counts: pending events and reports in the input tables are not applied.
+
+    Attributes:
+        committed: the latest committed version.
+        node_rows: the ``nodes`` rows by node id.
+
+    Raises:
+        ValueError: nothing is committed yet.
+    """
+
+    def __init__(self, spark: SparkSession, warehouse: Warehouse, settings: Settings) -> None:
+        committed = last_committed(warehouse)
+        if committed is None:
+            raise ValueError("what-if starts from the latest committed version and there is none yet: "
+                             "run `rebalancer exchange` first")
+        self.committed = committed
+        self._reads = _ReadOnce(warehouse)
+        inputs = read_inputs(spark, self._reads, settings, committed, committed.exchange_id + 1)  # type: ignore[arg-type]
+        inputs = dataclasses.replace(inputs, events=[], late=[], new_reports=None, many_reports=False)
+        self._run = _Run(spark, self._reads, settings, inputs, lambda: datetime.now(UTC),  # type: ignore[arg-type]
+                         lambda _point: None, True)
+        self._catalog = inputs.node_catalog
+        self._groups = inputs.groups.column("group_name").to_pylist()
+        self.node_rows: dict[str, dict[str, Any]] = dict(self._run._nodes)
+
+    def decide(self, events: Sequence[Event]) -> Hypothesis | str:
+        """The :class:`Hypothesis` of ``events`` (numbered above the committed ones), or why they make none: an
+        event the exchange would reject, or events that make more than one exchange (node events go together, a
+        cluster or cache event is an exchange of its own)."""
+        committed, run = self.committed, self._run
+        steps, rejected = plan_exchanges(committed.state, events, self._catalog, self._groups,
+                                         run.settings.baseline)
+        if rejected:
+            return "; ".join(r.reason for r in rejected)
+        if len(steps) != 1:
+            return (f"these events make {len(steps)} exchanges, not one: node events go together, a cluster or "
+                    "cache event is an exchange of its own")
+        [step] = steps
+        if step.exchange_type == NONE:  # clients only: the version repeats the previous one's decisions
+            keys: set[tuple[str, int]] = set()
+            for name in ("migration_plan", "lost_partitions", "counter_conflicts"):
+                keys |= _pairs(self._reads.read_arrow(name, where=version_where(committed.version)))
+            u = _Unsettled(everything=False, keys=frozenset(keys))
+        else:
+            u = run._unsettled(step, committed, None)
+        groups = run.group_settings(step, committed)
+        return Hypothesis(step, groups, run.context(step, committed, groups), u.everything, u.groups, u.keys)
+
+
+class _ReadOnce:
+    """A warehouse that answers a repeated read from memory: what-if asks the same reads for every event set."""
+
+    def __init__(self, warehouse: Warehouse) -> None:
+        self._warehouse = warehouse
+        self._memo: dict[tuple[Any, ...], Any] = {}
+
+    def read_arrow(self, name: str, where: Mapping[str, Any] | None = None, version: int | None = None) -> pa.Table:
+        key = ("arrow", name, repr(sorted((where or {}).items())), version)
+        if key not in self._memo:
+            self._memo[key] = self._warehouse.read_arrow(name, where=where, version=version)
+        return self._memo[key]
+
+    def read(self, name: str, version: int | None = None, where: Mapping[str, Any] | None = None) -> DataFrame:
+        key = ("frame", name, repr(sorted((where or {}).items())), version)
+        if key not in self._memo:
+            self._memo[key] = self._warehouse.read(name, version=version, where=where)
+        return self._memo[key]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._warehouse, name)
 
 
 def _event_rejections(rejections: Sequence[Any], exchange_id: int) -> pa.Table:
@@ -395,7 +508,7 @@ class _Run:
 
     # ---- one exchange ----
     def exchange(
-        self, step: ExchangeStep, prev: Committed | None, meter: _Meter, *, last: bool, switch_check: bool = False
+        self, step: ExchangeStep, prev: Committed | None, meter: Meter, *, last: bool, switch_check: bool = False
     ) -> ExchangeSummary | None:
         # the first exchange of a run started with the run (its inputs stage); later ones start here
         started, self.run_started = self.run_started or self.clock(), None
@@ -645,13 +758,11 @@ class _Run:
         )}
 
     # ---- the kernel ----
-    def _kernel(
-        self, step: ExchangeStep, prev: Committed | None, groups: dict[str, GroupSettings], u: _Unsettled,
-        reports: Reports | None,
-    ) -> DataFrame:
+    def context(self, step: ExchangeStep, prev: Committed | None, groups: dict[str, GroupSettings]) -> KernelContext:
+        """The exchange-wide facts the kernel decides ``step`` with."""
         nodes = self.node_set(step.alive)
         placements, listed = self._placements(step, prev, groups, nodes)
-        ctx = KernelContext(
+        return KernelContext(
             nodes=nodes,
             node_orders={n: i.node_order for n, i in step.alive.items()},
             groups=groups,
@@ -660,6 +771,12 @@ class _Run:
             placements=placements,
             listed=listed,
         )
+
+    def _kernel(
+        self, step: ExchangeStep, prev: Committed | None, groups: dict[str, GroupSettings], u: _Unsettled,
+        reports: Reports | None,
+    ) -> DataFrame:
+        ctx = self.context(step, prev, groups)
         spark = self.spark
         sizes = {g: s.partitions for g, s in groups.items()}
         select = _Selection(spark, u, sizes)
@@ -669,7 +786,7 @@ class _Run:
         parts: list[DataFrame] = []
         if marker_groups:
             parts.append(
-                _tagged(
+                tagged(
                     spark.createDataFrame(group_rows.filter(pc.is_in(group_rows.column("group_name"),
                                                                      pa.array(marker_groups, pa.string()))))
                     .select("group_name", F.explode(F.sequence(F.lit(0), F.col("partitions") - 1))
@@ -680,7 +797,7 @@ class _Run:
         if u.keys:
             keys = sorted(k for k in u.keys if k[0] not in u.groups)
             if keys:
-                parts.append(_tagged(spark.createDataFrame(
+                parts.append(tagged(spark.createDataFrame(
                     pa.table({"group_name": [g for g, _ in keys], "partition_id": [p for _, p in keys]},
                              schema=pa.schema([("group_name", pa.string()), ("partition_id", pa.int32())]))
                 ), PARTITION))
@@ -688,13 +805,13 @@ class _Run:
             where = version_where(prev.version)
             for name, kind in (("partition_map", MAP), ("affinity_assignment", ASSIGNMENT),
                                ("partition_versions", VERSION)):
-                parts.append(_tagged(select.unsettled(self.warehouse.read(name, where=where)), kind))
+                parts.append(tagged(select.unsettled(self.warehouse.read(name, where=where)), kind))
             lost = self.warehouse.read_arrow("lost_partitions", where=where).select(list(PARTITION_KEY))
             lost = _filter_keys(lost, u, sizes)
             if lost.num_rows:
-                parts.append(_tagged(spark.createDataFrame(lost), LOST_ROW))
+                parts.append(tagged(spark.createDataFrame(lost), LOST_ROW))
         if reports is not None:
-            parts.append(_tagged(select.unsettled(reports.valid), REPORT))
+            parts.append(tagged(select.unsettled(reports.valid), REPORT))
         rows = functools.reduce(DataFrame.unionByName, parts)
         tasks = max(1, min(parallelism(spark) * 2, math.ceil(u.count(sizes) / 50_000)))
         schema = from_arrow_schema(OUTPUT_SCHEMA)
@@ -712,7 +829,7 @@ class _Run:
     # ---- commit ----
     def _write(
         self, step: ExchangeStep, prev: Committed | None, version: tuple[int, int], groups: dict[str, GroupSettings],
-        u: _Unsettled, out: DataFrame | None, small: dict[str, pa.Table], plan: pa.Table, meter: _Meter,
+        u: _Unsettled, out: DataFrame | None, small: dict[str, pa.Table], plan: pa.Table, meter: Meter,
     ) -> dict[str, int]:
         wh, where = self.warehouse, version_where(version)
         sizes = {g: s.partitions for g, s in groups.items()}
@@ -945,11 +1062,12 @@ def _filter_keys(t: pa.Table, u: _Unsettled, sizes: Mapping[str, int]) -> pa.Tab
                     schema=pa.schema([("group_name", pa.string()), ("partition_id", pa.int32())]))
 
 
-def _tagged(df: DataFrame, kind: int) -> DataFrame:
-    """``df`` as kernel input rows of ``kind``: every :data:`INPUT_SCHEMA` column, in order (missing ones null)."""
+def tagged(df: DataFrame, kind: int, keep: Sequence[str] = ()) -> DataFrame:
+    """``df`` as kernel input rows of ``kind``: every :data:`INPUT_SCHEMA` column, in order (missing ones null),
+    after the columns named in ``keep``."""
     from pyspark.sql.pandas.types import from_arrow_type
 
-    columns = []
+    columns = [F.col(c) for c in keep]
     for f in INPUT_SCHEMA:
         if f.name == "kind":
             columns.append(F.lit(kind).cast("byte").alias("kind"))

@@ -207,6 +207,25 @@ CLIENT_AFFINITY = _schema(
     ("backup_nodes", ArrayType(S)),
 )
 REJECTED_ROWS = _schema(("table_name", S), ("row_json", S), ("reason", S), ("exchange_id", L))
+WHAT_IF = _schema(
+    ("run_id", S),
+    ("base_major", L),
+    ("base_minor", INT),
+    ("scenario", S),
+    ("lost_partitions", L),
+    ("partitions_without_backup", L),
+    ("copies", L),
+    ("bytes_to_move", L),
+    ("makespan_s", D),
+    ("makespan_lower_bound_s", D),
+    ("max_replicas_per_node", L),
+    ("mean_replicas_per_node", D),
+    # beyond SPEC: which sweep made the scenario ("node node3", "host host1", "zone a", "custom"), how many
+    # partitions it recomputed, and when the run started
+    ("label", S),
+    ("recomputed_partitions", L),
+    ("created_at", T),
+)
 
 INPUT_TABLES: dict[str, StructType] = {
     "cache_groups": CACHE_GROUPS,
@@ -227,6 +246,7 @@ OUTPUT_TABLES: dict[str, StructType] = {
     "partition_stamps": PARTITION_STAMPS,
     "client_affinity": CLIENT_AFFINITY,
     "rejected_rows": REJECTED_ROWS,
+    "what_if": WHAT_IF,
 }
 SCHEMAS: dict[str, StructType] = {**INPUT_TABLES, **OUTPUT_TABLES}
 

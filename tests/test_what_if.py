@@ -1,0 +1,164 @@
+"""``rebalancer what-if``: every scenario's figures equal what a real exchange of the same events commits.
+
+Two generated warehouses (5 servers in 3 zones, 2 groups x 32 partitions, 1 backup): a steady one, and one in the
+middle of a rebalance (node4 failed, its plan not carried out), where the unfinished plan's partitions are
+recomputed too and node4 can join again. Each scenario is then run for real on a copy of the warehouse, and the
+figures are computed from the committed tables with Spark SQL (not with what-if's code).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rebalancer.config import Settings
+from rebalancer.operations import generate_into
+from rebalancer.pipeline import run_exchange
+from rebalancer.producers import append_event
+from rebalancer.storage import open_warehouse
+from rebalancer.what_if import FIGURES, Scenario, ScenarioError, parse_scenario, sweep, what_if
+
+
+def _settings(path: Path) -> Settings:
+    return Settings().with_overrides(storage={"warehouse": str(path), "engine": "delta-rs"})
+
+
+@pytest.fixture(scope="module")
+def steady(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("what-if") / "steady"
+    settings = _settings(path)
+    wh = open_warehouse(spark, settings.storage)
+    generate_into(spark, wh, settings, nodes=5, groups=2, partitions=32, backups=1, seed=7)
+    run_exchange(spark, wh, settings)
+    return path
+
+
+@pytest.fixture(scope="module")
+def rebalancing(spark: Any, steady: Path) -> Path:
+    path = steady.parent / "rebalancing"
+    shutil.copytree(steady, path)
+    settings = _settings(path)
+    wh = open_warehouse(spark, settings.storage)
+    append_event(spark, wh, "NODE_FAILED", node_id="node4")
+    [summary] = run_exchange(spark, wh, settings)
+    assert summary.migrations > 0  # the plan is committed, not carried out: those partitions stay unsettled
+    return path
+
+
+def committed_figures(spark: Any, path: Path, scenario: Scenario, copy_to: Path) -> dict[str, Any]:
+    """Run ``scenario`` for real on a copy of the warehouse; its figures from the committed tables."""
+    shutil.copytree(path, copy_to)
+    settings = _settings(copy_to)
+    wh = open_warehouse(spark, settings.storage)
+    for kind, subject in scenario.events:
+        node, group = (None, subject) if kind in ("CACHE_STARTED", "CACHE_STOPPED", "RESET_LOST_PARTITIONS") \
+            else (subject, None)
+        append_event(spark, wh, kind, node_id=node, group_name=group)
+    [summary] = run_exchange(spark, wh, settings)
+    version = f"topology_major = {summary.topology_major} AND topology_minor = {summary.topology_minor}"
+    for name in ("partition_map", "ideal_assignment", "migration_plan", "topology", "cache_groups"):
+        wh.read(name).createOrReplaceTempView(f"wi_{name}")
+    [[copies]] = spark.sql(f"SELECT count(*) FROM wi_migration_plan WHERE {version} AND action = 'COPY'").collect()
+    [[without_backup]] = spark.sql(f"""
+        SELECT count(*) FROM (
+          SELECT m.group_name, m.partition_id FROM wi_partition_map m JOIN wi_cache_groups g USING (group_name)
+          WHERE {version.replace('topology', 'm.topology')} AND m.state = 'OWNING'
+            AND (g.backups >= 1 OR g.mode = 'REPLICATED')
+          GROUP BY m.group_name, m.partition_id HAVING count(*) = 1)""").collect()
+    [[most, mean]] = spark.sql(f"""
+        SELECT max(n), avg(n) FROM (
+          SELECT t.node_id, count(i.node_id) AS n
+          FROM (SELECT node_id FROM wi_topology WHERE {version} AND NOT is_client) t
+          LEFT JOIN (SELECT node_id FROM wi_ideal_assignment WHERE {version}) i ON i.node_id = t.node_id
+          GROUP BY t.node_id)""").collect()
+    return {
+        "lost_partitions": summary.lost_partitions, "partitions_without_backup": without_backup, "copies": copies,
+        "bytes_to_move": summary.bytes_to_move, "makespan_s": summary.makespan_s,
+        "makespan_lower_bound_s": summary.makespan_lower_bound_s, "max_replicas_per_node": most,
+        "mean_replicas_per_node": float(mean),
+    }
+
+
+def assert_agrees(spark: Any, path: Path, run: Any, tmp_path: Path) -> None:
+    rows = run.rows.to_pylist()
+    assert rows
+    for i, row in enumerate(rows):
+        expected = committed_figures(spark, path, parse_scenario(row["scenario"]), tmp_path / f"real-{i}")
+        assert {k: row[k] for k in FIGURES} == expected, row["scenario"]
+
+
+def test_every_single_failure_and_every_zone_agree_with_real_exchanges(spark: Any, steady: Path,
+                                                                          tmp_path: Path) -> None:
+    settings = _settings(steady)
+    wh = open_warehouse(spark, settings.storage)
+    exchanges_before = wh.read("exchanges").count()
+    run = what_if(spark, wh, settings, [parse_scenario("NODE_FAILED node0; NODE_FAILED node1")],
+                  sweeps=["nodes", "zone"])
+    assert run.base == (5, 0)
+    assert [r["label"] for r in run.rows.to_pylist()].count("custom") == 1
+    # zone2 holds node2 alone: the same events as "node node2", evaluated once under the first label
+    assert sorted(r["label"] for r in run.rows.to_pylist() if r["label"] != "custom") == [
+        "node node0", "node node1", "node node2", "node node3", "node node4", "zone zone0", "zone zone1"]
+    # worst first: the scenarios that lose partitions lead
+    lost = [r["lost_partitions"] for r in run.rows.to_pylist()]
+    assert lost == sorted(lost, reverse=True) and lost[0] > 0 and lost[-1] == 0
+    # nothing committed, the rows kept under the run's id
+    assert wh.read("exchanges").count() == exchanges_before
+    stored = wh.read("what_if").where(f"run_id = '{run.run_id}'").count()
+    assert stored == run.rows.num_rows == 8
+    assert_agrees(spark, steady, run, tmp_path)
+
+
+def test_scenarios_in_the_middle_of_a_rebalance_agree_with_real_exchanges(spark: Any, rebalancing: Path,
+                                                                          tmp_path: Path) -> None:
+    """Unfinished plan steps, a node that joins again, two more failures, a baseline event and a deactivation
+    (which plans no movement)."""
+    settings = _settings(rebalancing)
+    wh = open_warehouse(spark, settings.storage)
+    scenarios = [parse_scenario(s) for s in (
+        "NODE_FAILED node0", "NODE_FAILED node2; NODE_FAILED node3", "NODE_JOINED node4", "BASELINE_CHANGED",
+        "CLUSTER_DEACTIVATED",
+    )]
+    run = what_if(spark, wh, settings, scenarios)
+    assert run.base == (6, 0) and run.rows.num_rows == 5
+    recomputed = {r["scenario"]: r["recomputed_partitions"] for r in run.rows.to_pylist()}
+    assert 0 < recomputed["NODE_FAILED node0"] < 64  # the failed node's partitions and the unfinished plan's
+    assert_agrees(spark, rebalancing, run, tmp_path)
+
+
+def test_a_scenario_an_exchange_would_reject_is_an_error_naming_it(spark: Any, rebalancing: Path) -> None:
+    settings = _settings(rebalancing)
+    wh = open_warehouse(spark, settings.storage)
+    with pytest.raises(ScenarioError, match=r"scenario 'NODE_FAILED node4'.*not alive"):
+        what_if(spark, wh, settings, [parse_scenario("NODE_FAILED node4")])
+    with pytest.raises(ScenarioError, match="2 exchanges, not one"):
+        what_if(spark, wh, settings, [parse_scenario("NODE_FAILED node1; BASELINE_CHANGED")])
+
+
+# ---- without Spark ----
+
+
+def test_scenario_text_round_trips_and_bad_text_says_why() -> None:
+    s = parse_scenario(" node_failed node3 ;NODE_FAILED node7; CLUSTER_DEACTIVATED ")
+    assert s.text == "NODE_FAILED node3; NODE_FAILED node7; CLUSTER_DEACTIVATED"
+    assert parse_scenario("CACHE_STOPPED g1").events == (("CACHE_STOPPED", "g1"),)
+    for bad, why in (("NODE_EXPLODED n1", "unknown event type"), ("NODE_FAILED", "takes a node id"),
+                     ("BASELINE_CHANGED n1", "takes no argument"), (" ; ", "empty scenario")):
+        with pytest.raises(ScenarioError, match=why):
+            parse_scenario(bad)
+
+
+def test_sweeps_fail_every_node_host_and_attribute_value() -> None:
+    rows = {"a": {"host": "h1", "attributes": {"zone": "z1"}}, "b": {"host": "h1", "attributes": {"zone": "z2"}},
+            "c": {"host": "h2", "attributes": None}}
+    assert [s.text for s in sweep("nodes", ["a", "b", "c"], rows)] == [
+        "NODE_FAILED a", "NODE_FAILED b", "NODE_FAILED c"]
+    assert [(s.label, s.text) for s in sweep("hosts", ["a", "b", "c"], rows)] == [
+        ("host h1", "NODE_FAILED a; NODE_FAILED b"), ("host h2", "NODE_FAILED c")]
+    assert [(s.label, s.text) for s in sweep("zone", ["a", "b", "c"], rows)] == [
+        ("zone z1", "NODE_FAILED a"), ("zone z2", "NODE_FAILED b")]
+    with pytest.raises(ScenarioError, match="rack"):
+        sweep("rack", ["a", "b", "c"], rows)
