@@ -15,7 +15,16 @@ from typing import Annotated, Any
 import typer
 
 from rebalancer.config import load_settings
-from rebalancer.console import console, err_console, print_round, print_rows, print_stability, print_summary, step
+from rebalancer.console import (
+    console,
+    err_console,
+    print_round,
+    print_rows,
+    print_stability,
+    print_summary,
+    print_what_if,
+    step,
+)
 from rebalancer.workspace import Workspace
 
 app = typer.Typer(
@@ -164,6 +173,36 @@ def exchange(ctx: typer.Context) -> None:
         console.print("nothing to do: no pending event and no late affinity switch due")
     for s in summaries:
         print_summary(s)
+
+
+@app.command("what-if")
+def what_if_command(
+    ctx: typer.Context,
+    scenario: Annotated[
+        list[str] | None,
+        typer.Option("--scenario", metavar="EVENTS", help="Events to try together, e.g. \"NODE_FAILED node3; "
+                     "NODE_FAILED node7\" (node events name a node, cache events a group). Repeatable."),
+    ] = None,
+    sweep: Annotated[
+        list[str] | None,
+        typer.Option("--sweep", metavar="KIND", help="nodes (each server fails alone), hosts (each host fails), or a "
+                     "node attribute such as zone (each of its values fails). Repeatable. Default, with no "
+                     "--scenario: nodes."),
+    ] = None,
+    top: Annotated[int, typer.Option(help="Scenarios to print, worst first (all go to the what_if table).")] = 20,
+) -> None:
+    """Evaluate hypothetical events against the latest committed version in one Spark pass; commit nothing.
+
+    Per scenario: lost partitions, partitions left without a backup, copies and bytes to move, the plan's makespan
+    and bound, and replicas per node; written to the what_if table and printed worst first.
+    """
+    from rebalancer.what_if import parse_scenario, what_if
+
+    scenarios = [parse_scenario(text) for text in scenario or []]  # before starting Spark: a typo costs no JVM
+    state = _state(ctx)
+    with step("evaluating scenarios"):
+        run = what_if(state.spark, state.warehouse, state.settings, scenarios, sweep or [])
+    print_what_if(run, top)
 
 
 @app.command()

@@ -22,6 +22,7 @@ __all__ = [
     "print_rows",
     "print_stability",
     "print_summary",
+    "print_what_if",
     "step",
 ]
 
@@ -118,3 +119,23 @@ def print_rows(columns: list[str], rows: list[tuple[Any, ...]], limit: int) -> N
     console.print(table)
     more = " (more not shown)" if len(rows) > limit else ""
     console.print(f"{min(len(rows), limit)} row(s){more}")
+
+
+def print_what_if(run: Any, top: int) -> None:
+    """Print a ``rebalancer.what_if.WhatIfRun``: its scenarios worst first, then where the rows are."""
+    rows = run.rows.to_pylist()
+    table = Table(show_header=True, header_style="bold", box=None, title_justify="left",
+                  title=f"what if, against version {run.base[0]}.{run.base[1]}: {len(rows)} scenarios, worst first")
+    for name in ("lost", "no backup", "copies", "GiB", "makespan s", "bound s", "max/node", "mean/node"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("scenario", min_width=24, overflow="fold")  # last: it wraps, the figures never do
+    for r in rows[:top]:
+        table.add_row(f"{r['lost_partitions']:,}", f"{r['partitions_without_backup']:,}", f"{r['copies']:,}",
+                      f"{r['bytes_to_move'] / 2**30:,.1f}", f"{r['makespan_s']:,.1f}",
+                      f"{r['makespan_lower_bound_s']:,.1f}", f"{r['max_replicas_per_node']:,}",
+                      f"{r['mean_replicas_per_node']:,.1f}", r["scenario"])
+    console.print(table)
+    more = f" ({len(rows) - top} more not shown; --top N)" if len(rows) > top else ""
+    jobs = "" if run.spark_jobs is None else f", {run.spark_jobs} Spark jobs"
+    console.print(f"{min(len(rows), top)} of {len(rows)} scenarios shown{more}; {run.seconds:.1f} s{jobs}; nothing "
+                  f"committed. All rows: rebalancer sql \"SELECT * FROM what_if WHERE run_id = '{run.run_id}'\"")

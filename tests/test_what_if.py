@@ -162,3 +162,42 @@ def test_sweeps_fail_every_node_host_and_attribute_value() -> None:
         ("zone z1", "NODE_FAILED a"), ("zone z2", "NODE_FAILED b")]
     with pytest.raises(ScenarioError, match="rack"):
         sweep("rack", ["a", "b", "c"], rows)
+
+
+def test_cli_and_job_sweep_nodes_and_zones_and_print_the_worst_first(spark: Any, steady: Path, tmp_path: Path,
+                                                                     capsys: Any) -> None:
+    import runpy
+
+    from rebalancer.cli import main
+
+    w = tmp_path / "w"
+    shutil.copytree(steady, w)
+    runs_before = set(open_warehouse(spark, _settings(w).storage).read_arrow("what_if").column("run_id").to_pylist())
+
+    def cli(*argv: str) -> tuple[int, str, str]:
+        try:
+            main(["--warehouse", str(w), *argv])
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, err = cli("what-if", "--sweep", "nodes", "--sweep", "zone", "--top", "3")
+    assert code == 0, err
+    assert "what if, against version 5.0: 7 scenarios, worst first" in out
+    assert "3 of 7 scenarios shown (4 more not shown; --top N); " in out and "nothing committed" in out
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("lost"))
+    assert lines[header + 1].split()[0] == "6" and "NODE_FAILED node1;" in lines[header + 1]  # zone1 loses most
+    code, out, err = cli("what-if", "--scenario", "NODE_FAILD node1")
+    assert code == 1 and err.count("error:") == 1 and "unknown event type 'NODE_FAILD'" in err
+    code, out, err = cli("what-if", "--scenario", "NODE_JOINED node1")
+    assert code == 1 and "scenario 'NODE_JOINED node1': NODE_JOINED for node 'node1', which is already alive" in err
+
+    job = runpy.run_path(str(Path(__file__).parent.parent / "jobs" / "what_if.py"))
+    job["main"](["--warehouse", str(w), "--scenario", "NODE_FAILED node0; NODE_FAILED node3"])
+    assert "1 scenarios, worst first" in capsys.readouterr().out
+    stored = open_warehouse(spark, _settings(w).storage).read_arrow("what_if")
+    new = [r for r in stored.column("run_id").to_pylist() if r not in runs_before]
+    assert len(new) == 7 + 1 and len(set(new)) == 2
