@@ -18,6 +18,7 @@ from rebalancer.config import load_settings
 from rebalancer.console import (
     console,
     err_console,
+    print_explain,
     print_round,
     print_rows,
     print_stability,
@@ -203,6 +204,38 @@ def what_if_command(
     with step("evaluating scenarios"):
         run = what_if(state.spark, state.warehouse, state.settings, scenarios, sweep or [])
     print_what_if(run, top)
+
+
+@app.command("explain")
+def explain_command(
+    ctx: typer.Context,
+    group: Annotated[str, typer.Option("--group", help="Cache group.")],
+    partition: Annotated[int, typer.Option("--partition", help="Partition id.")],
+    version: Annotated[
+        str | None, typer.Option("--version", metavar="MAJOR.MINOR", help="A committed version (default: latest).")
+    ] = None,
+    node: Annotated[str | None, typer.Option("--node", help="Only what involves this node.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")] = False,
+) -> None:
+    """Why a partition is where it is: ranked candidates, each copy's state, who serves, the plan and its schedule."""
+    import json
+
+    from rebalancer.explain import explain
+
+    wanted = None
+    if version is not None:
+        try:
+            major, minor = (int(x) for x in version.split("."))
+        except ValueError:
+            raise typer.BadParameter(f"expected MAJOR.MINOR such as 6.0, got {version!r}",
+                                     param_hint="--version") from None
+        wanted = (major, minor)
+    state = _state(ctx)
+    answer = explain(state.warehouse, state.settings, group, partition, wanted, node)
+    if as_json:
+        console.print_json(json.dumps(answer, default=str))
+    else:
+        print_explain(answer)
 
 
 @app.command()

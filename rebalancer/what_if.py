@@ -101,6 +101,9 @@ _RESULT = pa.schema(
 )
 
 
+_EMPTY_INPUT = INPUT_SCHEMA.empty_table()
+
+
 class ScenarioError(ValueError):
     """A scenario that cannot be evaluated: malformed text, or events an exchange would reject; says which."""
 
@@ -352,12 +355,17 @@ def _evaluate(spark: SparkSession, warehouse: Warehouse, settings: Settings, ver
         rows = rows.unionByName(p)
     shared = _Shared(tuple(facts), tuple(group_sets), tuple(replica_sets), dict(node_rows), settings)
 
-    def run(table: pa.Table) -> pa.Table:
-        return figures(table, shared)
+    def run(key: tuple[pa.Scalar, ...], table: pa.Table) -> pa.Table:
+        return figures(int(key[0].as_py()), table, shared)
 
     from pyspark.sql.pandas.types import from_arrow_schema
 
     out = rows.groupBy(SCENARIO).applyInArrow(run, from_arrow_schema(_RESULT)).toArrow()
+    # a scenario that recomputes nothing (a server holding no copy fails) has no rows in the pass: its figures are
+    # the committed version's, computed here from no rows
+    nothing = _EMPTY_INPUT.append_column(SCENARIO, pa.array([], pa.int32()))
+    missing = sorted(set(range(len(outcomes))) - set(out.column(SCENARIO).to_pylist()))
+    out = pa.concat_tables([out.cast(_RESULT), *(figures(i, nothing, shared) for i in missing)])
     return out.sort_by(SCENARIO)
 
 
@@ -370,9 +378,8 @@ class _Shared:
     settings: Settings
 
 
-def figures(table: pa.Table, shared: _Shared) -> pa.Table:
+def figures(scenario: int, table: pa.Table, shared: _Shared) -> pa.Table:
     """One scenario's figures from its tagged rows (what each group of the Spark pass runs; no Spark here)."""
-    scenario = int(table.column(SCENARIO)[0].as_py())
     f = shared.facts[scenario]
     groups = shared.group_sets[f.groups]
     ctx = KernelContext(

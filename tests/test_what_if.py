@@ -129,6 +129,22 @@ def test_scenarios_in_the_middle_of_a_rebalance_agree_with_real_exchanges(spark:
     assert_agrees(spark, rebalancing, run, tmp_path)
 
 
+def test_a_server_holding_no_copy_fails_and_nothing_moves(spark: Any, tmp_path: Path) -> None:
+    """A scenario that recomputes no partition still gets its row (the committed version's figures)."""
+    path = tmp_path / "sparse"
+    settings = _settings(path)
+    wh = open_warehouse(spark, settings.storage)
+    generate_into(spark, wh, settings, nodes=6, groups=1, partitions=2, backups=1, seed=7)
+    run_exchange(spark, wh, settings)
+    run = what_if(spark, wh, settings)
+    rows = run.rows.to_pylist()
+    assert len(rows) == 6
+    idle = [r for r in rows if r["recomputed_partitions"] == 0]
+    assert idle and all(r["copies"] == 0 and r["makespan_s"] == 0.0 for r in idle)
+    expected = committed_figures(spark, path, parse_scenario(idle[0]["scenario"]), tmp_path / "real")
+    assert {k: idle[0][k] for k in FIGURES} == expected
+
+
 def test_a_scenario_an_exchange_would_reject_is_an_error_naming_it(spark: Any, rebalancing: Path) -> None:
     settings = _settings(rebalancing)
     wh = open_warehouse(spark, settings.storage)
