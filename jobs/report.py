@@ -20,7 +20,7 @@ def options(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str]) -> None:
     ws, a = Workspace.from_args(argv, "Chart one committed version.", options)
     wanted = None if a.version is None else parse_version(a.version)
-    data = collect_report_data(ws.spark, ws.warehouse, wanted)
+    data = collect_report_data(ws.spark, ws.warehouse, wanted, ws.settings)
     page = write_report(data, a.out)
     console.print(f"wrote the report of version {data.version_text} to {page}")
 

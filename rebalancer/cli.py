@@ -6,6 +6,7 @@ Errors print one sentence (``error: ...``; for an error raised in the JVM, its i
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import traceback
@@ -18,7 +19,6 @@ from rebalancer.config import load_settings
 from rebalancer.console import (
     console,
     err_console,
-    print_explain,
     print_round,
     print_rows,
     print_stability,
@@ -66,10 +66,12 @@ def _global_options(
         ),
     ] = False,
     verbose: Annotated[
-        bool, typer.Option("--verbose", help="On an error, print the whole traceback before its one sentence.")
+        bool, typer.Option("--verbose", help="Log the engine's stages and Spark task progress to stderr; on an "
+                           "error, print the whole traceback before its one sentence.")
     ] = False,
 ) -> None:
     _ERRORS.verbose = verbose
+    _log_to_stderr(verbose)
     settings = load_settings(conf)
     if warehouse is not None:
         settings = settings.with_overrides(storage={"warehouse": warehouse})
@@ -220,7 +222,7 @@ def explain_command(
     """Why a partition is where it is: ranked candidates, each copy's state, who serves, the plan and its schedule."""
     import json
 
-    from rebalancer.explain import explain
+    from rebalancer.explain import describe, explain
 
     wanted = None
     if version is not None:
@@ -235,7 +237,8 @@ def explain_command(
     if as_json:
         console.print_json(json.dumps(answer, default=str))
     else:
-        print_explain(answer)
+        for line in describe(answer):
+            console.print(line, markup=False)
 
 
 @app.command()
@@ -338,7 +341,7 @@ def report(
     wanted = None if version is None else parse_version(version)  # before starting Spark: a typo costs no JVM
     state = _state(ctx)
     with step("collecting the report data"):
-        data = collect_report_data(state.spark, state.warehouse, wanted)
+        data = collect_report_data(state.spark, state.warehouse, wanted, state.settings)
     with step("drawing the charts"):
         page = write_report(data, out)
     console.print(f"wrote the report of version {data.version_text} ({data.exchange.exchange_type}) to {page}")
@@ -370,6 +373,23 @@ def balance(
         console.print_json(json.dumps(result.as_dict()))
     else:
         print_balance(result, top)
+
+
+def _log_to_stderr(on: bool) -> None:
+    """With ``--verbose``, the engine's log lines (logger ``rebalancer``, INFO and up) on stderr with a time stamp;
+    without, none (a process running several commands, like the tests, turns it off again)."""
+    engine = logging.getLogger("rebalancer")
+    ours = [h for h in engine.handlers if getattr(h, "_rebalancer_cli", False)]
+    if on and not ours:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+        handler._rebalancer_cli = True  # type: ignore[attr-defined]
+        engine.addHandler(handler)
+        engine.setLevel(logging.INFO)
+    elif not on and ours:
+        for h in ours:
+            engine.removeHandler(h)
+        engine.setLevel(logging.NOTSET)
 
 
 class _ErrorOptions:

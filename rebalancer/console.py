@@ -6,6 +6,7 @@ spinner shows while a long step runs, only when the output is a terminal.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +19,6 @@ __all__ = [
     "console",
     "err_console",
     "print_balance",
-    "print_explain",
     "print_round",
     "print_rows",
     "print_stability",
@@ -33,11 +33,39 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 @contextmanager
 def step(label: str) -> Iterator[None]:
-    """Show a spinner while a long step runs, then its duration."""
+    """Show a spinner while a long step runs, then its duration.
+
+    On a terminal the spinner follows the engine's progress: the latest INFO line of the ``rebalancer`` loggers
+    (the stage running, its Spark tasks done). Not on a terminal (a pipe, a log file, CI) nothing but the final
+    duration line is printed.
+    """
     start = time.perf_counter()
-    with err_console.status(f"{label}..."):
-        yield
+    with err_console.status(f"{label}...") as status:
+        handler = _SpinnerLines(status, label) if err_console.is_terminal else None
+        engine = logging.getLogger("rebalancer")
+        level = engine.level
+        if handler is not None:
+            engine.addHandler(handler)
+            if not engine.isEnabledFor(logging.INFO):
+                engine.setLevel(logging.INFO)
+        try:
+            yield
+        finally:
+            if handler is not None:
+                engine.removeHandler(handler)
+                engine.setLevel(level)
     err_console.print(f"[dim]{label}: {time.perf_counter() - start:.1f} s[/dim]")
+
+
+class _SpinnerLines(logging.Handler):
+    """Shows each INFO line of the engine in the spinner (replacing the previous one)."""
+
+    def __init__(self, status: Any, label: str) -> None:
+        super().__init__(logging.INFO)
+        self._status, self._label = status, label
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._status.update(f"{self._label}: {record.getMessage()}")
 
 
 def print_summary(s: Any) -> None:
@@ -141,38 +169,3 @@ def print_what_if(run: Any, top: int) -> None:
     console.print(f"{min(len(rows), top)} of {len(rows)} scenarios shown{more}; {run.seconds:.1f} s{jobs}; nothing "
                   f"committed. All rows: rebalancer sql \"SELECT * FROM what_if WHERE run_id = '{run.run_id}'\"")
 
-
-def print_explain(e: dict[str, Any]) -> None:
-    """Print a ``rebalancer.explain.explain`` answer for people (``--json`` prints the same data as JSON)."""
-    v = e["version"]
-    st = e["settings"]
-    console.print(f"[bold]{e['group']} partition {e['partition']}[/bold] at version {v[0]}.{v[1]} "
-                  f"(exchange {e['exchange']['exchange_id']}, {e['exchange']['exchange_type']}); "
-                  f"{st['backups']} backups, {st['mode'] or 'PARTITIONED'}, {st['affinity'] or 'rendezvous'} affinity, "
-                  f"{st['loss_policy'] or 'READ_WRITE_SAFE'}" + (f"; only node {e['node']}" if e.get("node") else ""))
-    console.print("[bold]placement[/bold] (candidates in rank order)")
-    for c in e["candidates"]:
-        w = "" if c["weight"] is None else f" weight {c['weight']}"
-        rank = "-" if c["rank"] is None else c["rank"]
-        console.print(f"  {rank:>4} {c['node']}{w}: {c['reason']}")
-    console.print("[bold]copies[/bold]")
-    for c in e["copies"]:
-        console.print(f"  {c['node']} {c['state']} counter {c['update_counter']} size {c['size']}: {c['reason']}")
-    if not e["copies"]:
-        console.print("  none")
-    s = e["serving"]
-    console.print(f"[bold]serving[/bold]: {s['reason']}")
-    if s["switch_waits_for"]:
-        console.print("  the switch waits for: " + ", ".join(f"{w['node']} ({w['state']})"
-                                                            for w in s["switch_waits_for"]))
-    if e["lost"]:
-        console.print(f"[bold]lost[/bold]: {e['lost']['reason']}")
-    console.print("[bold]plan[/bold]" + ("" if e["plan"] else ": no step"))
-    for p in e["plan"]:
-        times = ("unscheduled" if p["est_start_s"] is None else
-                 f"wave {p['wave']}, {p['est_start_s']:.3f}-{p['est_end_s']:.3f} s")
-        mode = f" {p['rebalance_mode']}" if p["rebalance_mode"] else ""
-        console.print(f"  step {p['step']} {p['action']}{mode} {p['source'] or '-'} -> {p['target'] or '-'}, "
-                      f"{p['bytes'] / 2**20:,.1f} MiB, {times}")
-        console.print(f"    why: {p['why']}")
-        console.print(f"    waited for: {p['waited_for']}")

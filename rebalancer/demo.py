@@ -2,7 +2,8 @@
 
 It generates a steady cluster, validates the inputs, shows how data and primaries spread over nodes, then runs the
 partition map exchange through a node failure and a node join, printing what each exchange decided and planned,
-and ends with the twin executing the plans until the cluster is stable.
+asks what every single failure and every zone outage would do from there (what-if), and ends with the twin
+executing the plans until the cluster is stable.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pyspark.sql import functions as F
 from rich.table import Table
 
 from rebalancer.affinity.ideal import ideal_assignment
-from rebalancer.console import console, print_round, print_stability, print_summary, step
+from rebalancer.console import console, print_round, print_stability, print_summary, print_what_if, step
 from rebalancer.operations import generate_into, validate_warehouse
 from rebalancer.summary import node_load
 from rebalancer.workspace import Workspace
@@ -64,6 +65,7 @@ def run_demo(state: Workspace, nodes: int, groups: int, partitions: int, backups
     from rebalancer.pipeline import run_exchange
     from rebalancer.report import collect_report_data, write_report
     from rebalancer.twin.simulate import simulate
+    from rebalancer.what_if import what_if
 
     victim, newcomer = "node3", f"node{nodes}"
     join_version = None
@@ -80,12 +82,16 @@ def run_demo(state: Workspace, nodes: int, groups: int, partitions: int, backups
             print_summary(summary)
             join_version = (summary.topology_major, summary.topology_minor)
 
+    with step("what if: every single failure and every zone outage, from the join's version"):
+        sweep = what_if(spark, warehouse, settings, sweeps=["nodes", "zone"])
+    print_what_if(sweep, 5)
+
     with step("twin: executing the plans until the cluster is stable"):
         result = simulate(spark, warehouse, settings, until_stable=True, on_round=print_round)
     print_stability(result.stability)
 
     with step("report of the join's plan"):
-        page = write_report(collect_report_data(spark, warehouse, join_version), report_dir)
+        page = write_report(collect_report_data(spark, warehouse, join_version, settings), report_dir)
 
     location = warehouse.location
     console.print("\nwhere to look next:")
@@ -96,5 +102,6 @@ def run_demo(state: Workspace, nodes: int, groups: int, partitions: int, backups
     console.print(f"  rebalancer --warehouse {location} sql \"SELECT topology_major, topology_minor, action, "
                   "count(*), sum(bytes), max(est_end_s) FROM migration_plan GROUP BY ALL ORDER BY ALL\"")
     console.print(f"  rebalancer --warehouse {location} route --group group0 user-42 order-7")
+    console.print(f"  rebalancer --warehouse {location} explain --group group0 --partition 0   # why it is where it is")
     console.print("  more ready queries: docs/QUERIES.md; the same story in a notebook: "
                   "notebooks/rebalance_walkthrough.ipynb")

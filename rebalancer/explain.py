@@ -15,8 +15,8 @@ Like Elasticsearch's allocation explain: for ``(group, partition)`` at a version
 
 Everything is read from the committed tables of the version (and the previous version's map); nothing is
 recomputed but the affinity's ranking of the candidates. :func:`explain` returns plain data (``--json`` prints it);
-:func:`rebalancer.console.print_explain` prints it for people. tests/test_explain.py checks every partition of the
-exchange scenarios against the tables.
+:func:`describe` turns it into lines for people (the CLI and the HTML report print them).
+tests/test_explain.py checks every partition of the exchange scenarios against the tables.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from rebalancer.vocabulary import (
     SIZE_MISMATCH,
 )
 
-__all__ = ["ExplainError", "explain"]
+__all__ = ["ExplainError", "describe", "explain"]
 
 _EPSILON = 1e-9  # schedule times are sums of floats: equal within this
 
@@ -390,3 +390,41 @@ def _waited(s: Mapping[str, Any], previous_end: float | None, starts: np.ndarray
         if finishing.any() and running + int(np.count_nonzero(finishing)) >= cap:
             return f"a slot on {node}: {cap} migrations (its cap) ran there until {start:.3f} s"
     return f"bandwidth or a slot freed at {start:.3f} s (the cost model shares each node's bandwidth)"
+
+
+# =====================================================================================================================
+# For people
+# =====================================================================================================================
+
+
+def describe(e: Mapping[str, Any]) -> list[str]:
+    """An :func:`explain` answer as lines of text (headings unindented, details indented)."""
+    v, st = e["version"], e["settings"]
+    lines = [f"{e['group']} partition {e['partition']} at version {v[0]}.{v[1]} (exchange "
+             f"{e['exchange']['exchange_id']}, {e['exchange']['exchange_type']}); {st['backups']} backups, "
+             f"{st['mode'] or 'PARTITIONED'}, {st['affinity'] or 'rendezvous'} affinity, "
+             f"{st['loss_policy'] or 'READ_WRITE_SAFE'}" + (f"; only node {e['node']}" if e.get("node") else ""),
+             "placement (candidates in rank order)"]
+    for c in e["candidates"]:
+        w = "" if c["weight"] is None else f" weight {c['weight']}"
+        lines.append(f"  {'-' if c['rank'] is None else c['rank']:>4} {c['node']}{w}: {c['reason']}")
+    lines.append("copies" + ("" if e["copies"] else ": none"))
+    lines += [f"  {c['node']} {c['state']} counter {c['update_counter']} size {c['size']}: {c['reason']}"
+              for c in e["copies"]]
+    s = e["serving"]
+    lines.append(f"serving: {s['reason']}")
+    if s["switch_waits_for"]:
+        lines.append("  the switch waits for: " + ", ".join(f"{w['node']} ({w['state']})"
+                                                           for w in s["switch_waits_for"]))
+    if e["lost"]:
+        lines.append(f"lost: {e['lost']['reason']}")
+    lines.append("plan" + ("" if e["plan"] else ": no step"))
+    for p in e["plan"]:
+        times = ("unscheduled" if p["est_start_s"] is None else
+                 f"wave {p['wave']}, {p['est_start_s']:.3f}-{p['est_end_s']:.3f} s")
+        mode = f" {p['rebalance_mode']}" if p["rebalance_mode"] else ""
+        lines.append(f"  step {p['step']} {p['action']}{mode} {p['source'] or '-'} -> {p['target'] or '-'}, "
+                     f"{(p['bytes'] or 0) / 2**20:,.1f} MiB, {times}")
+        lines.append(f"    why: {p['why']}")
+        lines.append(f"    waited for: {p['waited_for']}")
+    return lines

@@ -12,6 +12,7 @@ from pyspark.sql import functions as F
 from rebalancer.config import Settings
 from rebalancer.generate import GeneratedCluster, generate_cluster
 from rebalancer.inputs import latest_version as latest_committed_version
+from rebalancer.pipeline import Meter
 from rebalancer.producers import AppendedEvent, EventError, append_event, check_event
 from rebalancer.storage import Warehouse
 from rebalancer.tables import INPUT_TABLES, OUTPUT_TABLES, SCHEMAS
@@ -60,12 +61,19 @@ def generate_into(
     seed: int,
     affinity_function: str = "rendezvous",
 ) -> dict[str, int]:
-    """Generate a steady cluster (see :mod:`rebalancer.generate`) and load it into ``warehouse``."""
-    cluster = generate_cluster(
-        spark, nodes, groups, partitions, backups, seed, settings.generate, settings.affinity,
-        affinity_function=affinity_function,
-    )
-    return load_generated_cluster(spark, warehouse, cluster)
+    """Generate a steady cluster (see :mod:`rebalancer.generate`) and load it into ``warehouse`` (its Spark jobs
+    are labelled ``rebalancer generate: cluster`` and ``rebalancer generate: load``)."""
+    meter = Meter(spark, "generate")
+    try:
+        with meter.stage("cluster"):
+            cluster = generate_cluster(
+                spark, nodes, groups, partitions, backups, seed, settings.generate, settings.affinity,
+                affinity_function=affinity_function,
+            )
+        with meter.stage("load"):
+            return load_generated_cluster(spark, warehouse, cluster)
+    finally:
+        meter.close()
 
 
 def validate_warehouse(warehouse: Warehouse, exchange_id: int | None = None, strict: bool = False) -> DataFrame:

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -109,6 +111,8 @@ __all__ = [
     "tagged",
 ]
 
+_log = logging.getLogger(__name__)
+
 #: Tables that hold one complete copy per committed version (every output but ``exchanges``, ``rejected_rows``
 #: and ``what_if``).
 VERSIONED_TABLES = tuple(n for n in OUTPUT_TABLES if n not in ("exchanges", "rejected_rows", "what_if"))
@@ -167,7 +171,12 @@ class ExchangeSummary:
 
 class Meter:
     """Wall seconds per stage, and the Spark jobs started under one job group (classic sessions only); every job
-    is described in the Spark UI as ``rebalancer <work>: <stage>``."""
+    is described in the Spark UI as ``rebalancer <work>: <stage>``.
+
+    Each stage is logged (logger ``rebalancer.pipeline``, INFO) when it starts and ends; while one runs and INFO
+    is enabled, the progress of its Spark tasks is logged when it changes (the CLI shows these lines in its
+    spinner on a terminal).
+    """
 
     def __init__(self, spark: SparkSession, work: str = "exchange") -> None:
         self.seconds: dict[str, float] = {}
@@ -183,15 +192,23 @@ class Meter:
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
+        label = f"{self._work}: {name}"
         if self._sc is not None:
-            self._sc.setJobDescription(f"rebalancer {self._work}: {name}")
+            self._sc.setJobDescription(f"rebalancer {label}")
+        _log.info("%s", label)
+        watch = _TaskProgress(self._sc, label) if self._sc is not None and _log.isEnabledFor(logging.INFO) else None
         t0 = time.perf_counter()
         jobs0 = self.jobs() or 0
         try:
             yield
         finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
-            self.stage_jobs[name] = self.stage_jobs.get(name, 0) + (self.jobs() or 0) - jobs0
+            if watch is not None:
+                watch.stop()
+            seconds = time.perf_counter() - t0
+            self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+            jobs = (self.jobs() or 0) - jobs0
+            self.stage_jobs[name] = self.stage_jobs.get(name, 0) + jobs
+            _log.info("%s done in %.1f s, %d Spark jobs", label, seconds, jobs)
 
     def jobs(self) -> int | None:
         if self._sc is None:
@@ -202,6 +219,38 @@ class Meter:
         if self._sc is not None:
             self._sc.setLocalProperty("spark.jobGroup.id", None)
             self._sc.setJobDescription(None)
+
+
+class _TaskProgress:
+    """Logs the tasks done of the Spark stages running now, when that changes (a thread polling the status
+    tracker twice a second until stopped)."""
+
+    def __init__(self, sc: Any, label: str) -> None:
+        self._sc, self._label = sc, label
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="rebalancer-progress", daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        last = None
+        while not self._done.wait(0.5):
+            try:
+                tracker = self._sc.statusTracker()
+                infos = [tracker.getStageInfo(i) for i in tracker.getActiveStageIds()]
+            except Exception:  # the session is stopping: nothing to show
+                return
+            infos = [i for i in infos if i is not None]
+            if not infos:
+                continue
+            done = sum(i.numCompletedTasks for i in infos)
+            total = sum(i.numTasks for i in infos)
+            if (done, total) != last:
+                last = (done, total)
+                _log.info("%s: Spark tasks %d/%d", self._label, done, total)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 # =====================================================================================================================
@@ -589,6 +638,9 @@ class _Run:
             summary = _replace(summary, spark_jobs=meter.jobs())
             self._commit_row(summary, step, prev, started, last)
         self.hook("after:exchanges")
+        _log.info("exchange %d committed version %d.%d (%s): %d steps, %d lost partitions, %.1f s",
+                  summary.exchange_id, summary.topology_major, summary.topology_minor, summary.exchange_type,
+                  summary.migrations, summary.lost_partitions, summary.seconds)
         # the summary also reports the commit stage, which its committed row cannot hold
         return _replace(summary, stage_seconds=dict(meter.seconds), stage_jobs=dict(meter.stage_jobs),
                         spark_jobs=meter.jobs())

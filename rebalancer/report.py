@@ -30,7 +30,9 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import pyarrow.compute as pc
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -42,11 +44,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
+from rebalancer.config import Settings
+from rebalancer.explain import describe, explain
 from rebalancer.frames import at_version
 from rebalancer.inputs import latest_version as latest_committed_version
 from rebalancer.storage import Warehouse
 from rebalancer.vocabulary import ACTIONS as PLAN_ACTIONS
 from rebalancer.vocabulary import COPY
+from rebalancer.what_if import ranked
 
 __all__ = [
     "ACTIONS",
@@ -69,6 +74,8 @@ __all__ = [
     "write_report",
 ]
 
+EXPLAINED = 3
+"""Partitions the page explains (rebalancer.explain), worst first."""
 MAX_GANTT_STEPS = 20_000
 """Plans with more steps than this are drawn from merged bars (module docstring)."""
 MERGE_RESOLUTION = 2000
@@ -153,6 +160,9 @@ class ReportData:
         schedule: the Gantt bars of this version's plan.
         lost_by_group: lost partitions per group (groups without any are absent).
         conflicts_by_group: counter conflicts per ``(group, action)``.
+        what_if: the rows of the newest ``what-if`` run against this version, worst first (none: not run).
+        explained: ``(title, lines)`` of :func:`rebalancer.explain.describe` for the worst partitions (lost ones
+            first, then those of the plan's last steps), at most :data:`EXPLAINED`.
     """
 
     version: tuple[int, int]
@@ -165,6 +175,8 @@ class ReportData:
     schedule: Schedule
     lost_by_group: Mapping[str, int]
     conflicts_by_group: Mapping[tuple[str, str], int]
+    what_if: tuple[Mapping[str, Any], ...] = ()
+    explained: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def version_text(self) -> str:
@@ -332,7 +344,8 @@ def _exchange_summary(exchanges_df: DataFrame) -> ExchangeSummary:
 
 
 def collect_report_data(
-    spark: SparkSession, warehouse: Warehouse, version: tuple[int, int] | None = None
+    spark: SparkSession, warehouse: Warehouse, version: tuple[int, int] | None = None,
+    settings: Settings | None = None,
 ) -> ReportData:
     """Read one committed version's tables and collect what the charts need.
 
@@ -343,6 +356,7 @@ def collect_report_data(
         spark: the session (every read goes through ``warehouse``; kept for the operations' common signature).
         warehouse: an open warehouse.
         version: ``(major, minor)``; the latest committed version when None.
+        settings: what explain reads (history threshold, cap); the defaults when None.
 
     Returns:
         The report's data.
@@ -384,7 +398,33 @@ def collect_report_data(
         schedule=schedule,
         lost_by_group=lost,
         conflicts_by_group=conflicts,
+        what_if=_what_if_rows(warehouse, target),
+        explained=tuple(
+            (f"{g} partition {p}", tuple(describe(explain(warehouse, settings or Settings(), g, p, target))))
+            for g, p in _worst_partitions(warehouse, target)
+        ),
     )
+
+
+def _what_if_rows(warehouse: Warehouse, version: tuple[int, int]) -> tuple[Mapping[str, Any], ...]:
+    """The newest what-if run against ``version``, ranked worst first."""
+    rows = warehouse.read_arrow("what_if", where={"base_major": version[0], "base_minor": version[1]})
+    if rows.num_rows == 0:
+        return ()
+    newest = max(zip(rows.column("created_at").to_pylist(), rows.column("run_id").to_pylist(), strict=True))[1]
+    return tuple(ranked(rows.filter(pc.equal(rows.column("run_id"), newest))).to_pylist())
+
+
+def _worst_partitions(warehouse: Warehouse, version: tuple[int, int]) -> list[tuple[str, int]]:
+    """Lost partitions first, then the partitions of the plan's last-ending steps; at most :data:`EXPLAINED`."""
+    where = {"topology_major": version[0], "topology_minor": version[1]}
+    lost = warehouse.read_arrow("lost_partitions", where=where)
+    worst = sorted(zip(lost.column("group_name").to_pylist(), lost.column("partition_id").to_pylist(), strict=True))
+    plan = warehouse.read_arrow("migration_plan", where=where)
+    if plan.num_rows:
+        plan = plan.sort_by([("est_end_s", "descending"), ("group_name", "ascending"), ("partition_id", "ascending")])
+        worst += zip(plan.column("group_name").to_pylist(), plan.column("partition_id").to_pylist(), strict=True)
+    return list(dict.fromkeys(worst))[:EXPLAINED]
 
 
 # ---- plots (pure) ----
@@ -694,8 +734,44 @@ def render_html(data: ReportData, images: list[tuple[str, bytes, str]]) -> str:
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
         f"<title>{html.escape(title)}</title>\n<style>{_STYLE}</style>\n</head>\n<body>\n"
-        f"<h1>{html.escape(title)}</h1>\n<table>\n{rows}\n</table>\n{figures}\n</body>\n</html>\n"
+        f"<h1>{html.escape(title)}</h1>\n<table>\n{rows}\n</table>\n{figures}\n{_what_if_html(data)}\n"
+        f"{_explained_html(data)}\n</body>\n</html>\n"
     )
+
+
+WHAT_IF_SHOWN = 15
+"""Scenarios the page lists, worst first (the what_if table holds all of them)."""
+
+
+def _what_if_html(data: ReportData) -> str:
+    if not data.what_if:
+        return ("<h2>What if</h2>\n<p>No what-if run against this version yet: <code>rebalancer what-if --sweep "
+                "nodes --sweep zone</code> adds one.</p>")
+    columns = ("scenario", "lost", "without backup", "copies", "GiB to move", "makespan s", "bound s",
+               "max replicas/node")
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "\n".join(
+        "<tr>" + f"<td>{html.escape(r['scenario'])}</td>" + "".join(
+            f"<td class=\"value\">{html.escape(v)}</td>" for v in (
+                f"{r['lost_partitions']:,}", f"{r['partitions_without_backup']:,}", f"{r['copies']:,}",
+                f"{r['bytes_to_move'] / 2**30:,.1f}", f"{r['makespan_s']:,.1f}", f"{r['makespan_lower_bound_s']:,.1f}",
+                f"{r['max_replicas_per_node']:,}")) + "</tr>"
+        for r in data.what_if[:WHAT_IF_SHOWN]
+    )
+    first = data.what_if[0]
+    caption = (f"{len(data.what_if)} scenarios of what-if run {first['run_id']} against this version, worst first "
+               f"(most lost partitions, then most left without a backup, most bytes, longest makespan)"
+               + (f"; the first {WHAT_IF_SHOWN} shown" if len(data.what_if) > WHAT_IF_SHOWN else "") + ".")
+    return (f"<h2>What if</h2>\n<p>{html.escape(caption)}</p>\n<table>\n<tr>{head}</tr>\n{body}\n</table>")
+
+
+def _explained_html(data: ReportData) -> str:
+    if not data.explained:
+        return "<h2>Explain</h2>\n<p>No partition is lost or has a plan step at this version.</p>"
+    parts = [f"<h3>{html.escape(title)}</h3>\n<pre>{html.escape(chr(10).join(lines))}</pre>"
+             for title, lines in data.explained]
+    return ("<h2>Explain: the worst partitions</h2>\n<p>Lost partitions first, then those of the plan's last "
+            "steps (<code>rebalancer explain --group G --partition P</code>).</p>\n" + "\n".join(parts))
 
 
 def write_report(data: ReportData, out_dir: Path) -> Path:

@@ -309,6 +309,7 @@ def _evaluate(spark: SparkSession, warehouse: Warehouse, settings: Settings, ver
     group_sets: list[dict[str, GroupSettings]] = []
     replica_sets: list[dict[str, int]] = []
     replica_keys: dict[frozenset[str], int] = {}
+    unprotected: dict[frozenset[str], int] = {}
     facts: list[_Facts] = []
     keys: dict[str, list[Any]] = {SCENARIO: [], "group_name": [], "partition_id": []}
     for i, h in enumerate(outcomes):
@@ -318,9 +319,10 @@ def _evaluate(spark: SparkSession, warehouse: Warehouse, settings: Settings, ver
             group_sets.append(h.groups)
             g = len(group_sets) - 1
         running = frozenset(h.groups)
-        if running not in replica_keys:
+        if running not in replica_keys:  # usually one set for every scenario: computed once
             replica_keys[running] = len(replica_sets)
             replica_sets.append(_per_node(_rows_of(committed_ideal, running)))
+            unprotected[running] = _without_backup(_rows_of(committed_map, running), h.groups)
         whole = set(h.groups) if h.everything else set(h.whole_groups) & set(h.groups)
         for name in sorted(whole):
             n = h.groups[name].partitions
@@ -334,7 +336,7 @@ def _evaluate(spark: SparkSession, warehouse: Warehouse, settings: Settings, ver
         facts.append(_Facts(
             servers=tuple(h.context.nodes.node_ids), groups=g, placements=dict(h.context.placements),
             listed=dict(h.context.listed), active=h.step.cluster.active,
-            without_backup_committed=_without_backup(_rows_of(committed_map, running), h.groups),
+            without_backup_committed=unprotected[running],
             replicas=replica_keys[running],
         ))
     key_table = pa.table(keys, schema=pa.schema([(SCENARIO, pa.int32()), ("group_name", pa.string()),

@@ -139,6 +139,8 @@ def test_demo_ends_with_a_converged_twin(spark: Any, tmp_path: Path, capsys: Any
     assert (tmp_path / "report" / "report.html").exists() and "where to look next" in out
     assert "exchange 2 -> version 5.0" in out and "exchange 3 -> version 6.0" in out  # node3 fails, node4 joins
     assert "twin round on version 6.0" in out and "stable at version 6." in out
+    assert "what if, against version 6.0: " in out  # every failure and zone outage from the join's version
+    assert "What if</h2>\n<p>" in (tmp_path / "report" / "report.html").read_text(encoding="utf-8")
 
 
 def test_an_error_raised_in_the_jvm_is_its_innermost_java_cause(spark: Any) -> None:

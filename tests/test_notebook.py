@@ -27,5 +27,9 @@ def test_walkthrough_notebook_runs_and_ends_stable(tmp_path: Path, monkeypatch: 
     text = "".join(o.get("data", {}).get("text/plain", "") for o in stability.outputs)
     stable = "assignment_differences=0, ideal_not_owning=0, surplus_copies=0, lost_partitions=0"
     assert stable in text, text
+    sweep = next(c for c in nb.cells if c.cell_type == "code" and "what_if(" in c.source)
+    assert any("scenarios against version" in o.get("text", "") for o in sweep.outputs), sweep.outputs
+    explained = next(c for c in nb.cells if c.cell_type == "code" and "describe(explain(" in c.source)
+    assert any("waited for: " in o.get("text", "") for o in explained.outputs), explained.outputs
     plots = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert plots, "the plots cell drew nothing"

@@ -56,6 +56,19 @@ def test_report_of_a_failure_writes_four_charts_and_one_self_contained_page(
     text = page.read_text(encoding="utf-8")
     assert text.count("data:image/png;base64,") == 4
     assert "version 5.0" in text
+    assert "No what-if run against this version yet" in text
+    # the worst partitions explained: those of the plan's last steps (nothing is lost)
+    assert "<h2>Explain: the worst partitions</h2>" in text and text.count("<h3>group0 partition ") == 3
+    assert "waited for: " in text
+
+    # a what-if run against the version is on the page, worst first
+    code, out, err = run(capsys, "--warehouse", w, "what-if", "--scenario", "NODE_FAILED node0",
+                         "--scenario", "NODE_FAILED node2; NODE_FAILED node3")
+    assert code == 0, err
+    run(capsys, "--warehouse", w, "report", "--out", str(out_dir))
+    text = page.read_text(encoding="utf-8")
+    assert "2 scenarios of what-if run" in text
+    assert text.index("NODE_FAILED node2; NODE_FAILED node3") < text.index("<td>NODE_FAILED node0</td>")
     assert not re.search(r'src="(?!data:)', text), "the page must not reference any other file"
 
     code, out, err = run(capsys, "--warehouse", w, "report", "--version", "9.0", "--out", str(out_dir))
