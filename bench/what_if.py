@@ -11,7 +11,9 @@ per stage (``scenarios``: deciding every scenario's exchange on the driver; ``ev
 ``write``: the what_if commit), the Spark jobs, scenarios, recomputed partitions, the worst scenario, and the load
 average while it ran.
 
-Writes ``--out`` (default ``bench/results/what_if.json``) and prints Markdown. From the repository root::
+Writes ``--out`` (default ``bench/results/what_if.json``), prints Markdown and writes it as the section
+``bench/results/what-if-section.md`` that ``bench/suite.py`` puts on docs/BENCHMARKS.md (``--section``).
+From the repository root::
 
     .venv/bin/python bench/what_if.py                                   # XL, about 10 minutes with the setup
     .venv/bin/python bench/what_if.py --nodes 20 --groups 4 --partitions 256 --backups 1   # a smoke test
@@ -68,7 +70,12 @@ def main() -> None:
     parser.add_argument("--cli-runs", type=int, default=1)
     parser.add_argument("--pristine", type=Path, help="a warehouse after its first exchange, to copy")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "what_if.json")
+    parser.add_argument("--section", type=Path, default=REPO / "bench" / "results" / "what-if-section.md")
+    parser.add_argument("--from-results", type=Path, help="only write the section from a results file")
     args = parser.parse_args()
+    if args.from_results:
+        args.section.write_text(section(json.loads(args.from_results.read_text())))
+        return
     sweeps = args.sweep or ["nodes"]
     work = Path(tempfile.mkdtemp(prefix="bench-what-if-"))
     setup: dict[str, float] = {}
@@ -122,7 +129,43 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    args.section.write_text(section(result))
     print(markdown(result))
+
+
+TARGET_S = 300  # issue 17: every single failure of XL in at most 5 minutes on this machine
+
+
+def section(r: dict[str, Any]) -> str:
+    """The page's section: how it was measured, the table, and the target."""
+    runs = r["runs"]
+    best = min((run["seconds"] for run in runs), default=None)
+    whole = min(r["whole_process_s"], default=None)
+    worst = runs[0]["worst"] if runs else None
+    met = best is not None and best <= TARGET_S and (whole is None or whole <= TARGET_S)
+    lines = [
+        "## What if (`bench/what_if.py`, issue 17)",
+        "",
+        f"Measured by `.venv/bin/python bench/what_if.py` (sweep {', '.join(r['sweeps'])}) at {r['measured_at']}, "
+        f"commit `{r['commit']}`{' with uncommitted changes' if r['dirty'] else ''}, {r['machine']['cpus']} cores, "
+        "local[*], nothing else running. Setup (untimed): `rebalancer generate` and the first `exchange`. Each "
+        "scenario is one server failing; the figures of every scenario come from one Spark pass "
+        "(docs/OPERATIONS.md).",
+        "",
+        markdown(r),
+        "",
+        f"Target: every single-node failure of XL (1,000 scenarios over 786,432 replicas) in <= {TARGET_S} s: "
+        + ("**met**" if met else "**not met**") + (f" ({best:.0f} s in process" if best is not None else "")
+        + (f", {whole:.0f} s as a whole process" if whole is not None else "") + (")" if best is not None else "")
+        + ".",
+    ]
+    if worst:
+        lines += ["", f"Worst scenario: `{worst['scenario']}` ({worst['lost_partitions']} lost, "
+                      f"{worst['copies']:,} copies, {worst['bytes_to_move'] / 2**30:,.0f} GiB, makespan "
+                      f"{worst['makespan_s']:.1f} s). The generated XL cluster places all 256 groups alike (the "
+                      "same partition ids, no salt), so a node holds 0 or a multiple of 256 replicas: 45 of the "
+                      "1,000 failures recompute nothing."]
+    return "\n".join(lines) + "\n"
 
 
 def markdown(r: dict[str, Any]) -> str:

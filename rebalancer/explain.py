@@ -189,6 +189,8 @@ def _candidates(g: Mapping[str, Any], ideal: Sequence[Mapping[str, Any]], server
     ranked = [node_set.node_ids[i] for i in order if i >= 0]
     replicas = len(pool) if (g.get("mode") or "PARTITIONED") == REPLICATED else min(int(g["backups"]) + 1, len(pool))
     filters = tuple(g.get("backup_filter") or ())
+    # SPEC 4: with unequal capacities the rank is by capacity / -ln((weight + 0.5) / 2^32), not by weight
+    weighted = affinity != "ignite" and any(float(nodes[n].get("capacity") or 1.0) != 1.0 for n in ranked)
     out = []
     above: list[str] = []  # ideal nodes ranked above the current one
     for rank, n in enumerate(ranked, start=1):
@@ -199,6 +201,8 @@ def _candidates(g: Mapping[str, Any], ideal: Sequence[Mapping[str, Any]], server
             "weight": weight(n, partition) if affinity != "ignite" else None,
             "taken": n in taken, "replica_index": taken.get(n),
         }
+        if weighted:
+            entry["score"] = float(row.get("capacity") or 1.0) / -math.log((weight(n, partition) + 0.5) / 2**32)
         if n in taken:
             role = "primary" if taken[n] == 0 else f"backup {taken[n]}"
             entry["reason"] = f"taken as {role}" + (" (offline: it gets its copy when it returns)"
@@ -209,7 +213,9 @@ def _candidates(g: Mapping[str, Any], ideal: Sequence[Mapping[str, Any]], server
         elif n in draining:
             entry["reason"] = "draining: leaves the placement while it still serves"
         elif len(above) >= replicas:
-            entry["reason"] = f"not needed: the list had its {replicas} replicas from higher ranks"
+            entry["reason"] = (f"not needed: the list had its {replicas} replicas from higher ranks"
+                               + (" (ranked by capacity-weighted score: capacity / -ln((weight + 0.5) / 2^32))"
+                                  if weighted else ""))
         elif g.get("exclude_neighbors") and any(nodes[m].get("host") == row.get("host") for m in above):
             m = next(m for m in above if nodes[m].get("host") == row.get("host"))
             entry["reason"] = f"neighbour: same host {row.get('host')!r} as {m}, already in the list"
@@ -407,6 +413,7 @@ def describe(e: Mapping[str, Any]) -> list[str]:
              "placement (candidates in rank order)"]
     for c in e["candidates"]:
         w = "" if c["weight"] is None else f" weight {c['weight']}"
+        w += f" capacity {c['capacity']:g} score {c['score']:.4g}" if "score" in c else ""
         lines.append(f"  {'-' if c['rank'] is None else c['rank']:>4} {c['node']}{w}: {c['reason']}")
     lines.append("copies" + ("" if e["copies"] else ": none"))
     lines += [f"  {c['node']} {c['state']} counter {c['update_counter']} size {c['size']}: {c['reason']}"

@@ -744,7 +744,9 @@ class _Run:
         keeps its place but gets no copy (docs/EXCHANGE.md "Baseline, activation, drain"). Also the lists
         ``ideal_assignment`` shows for groups whose placement names offline nodes (``KernelContext.listed``)."""
         everyone = frozenset(alive.node_ids)
-        candidates = {name: self._candidates(step, s) for name, s in groups.items()}
+        by_kind = {persistent: self._candidates(step, persistent) for persistent in {s.persistent for s in
+                                                                                       groups.values()}}
+        candidates = {name: by_kind[s.persistent] for name, s in groups.items()}
         out: dict[str, Any] = {}
         listed: dict[str, Any] = {}
         for chosen in sorted(set(candidates.values()), key=sorted):
@@ -764,11 +766,11 @@ class _Run:
             out.update(placed)
         return out, listed
 
-    def _candidates(self, step: ExchangeStep, settings: GroupSettings) -> frozenset[str]:
+    def _candidates(self, step: ExchangeStep, persistent: bool) -> frozenset[str]:
         """The nodes a group is placed over: the alive servers not draining, or for a persistent group the
         baseline (which may name offline nodes) when one is set."""
         cluster = step.cluster
-        if settings.persistent and cluster.baseline is not None:
+        if persistent and cluster.baseline is not None:
             return frozenset(n for n in cluster.baseline if n in self._nodes)
         return placement_servers(step.alive, cluster.draining)
 

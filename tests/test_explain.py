@@ -187,3 +187,21 @@ def test_neighbours_and_the_backup_filter_are_named() -> None:
             assert [x["node"] for x in answer if x["taken"]] == [r["node_id"] for r in ideal]
             seen |= any(x["reason"].startswith(words) for x in answer)
         assert seen, words
+
+
+def test_unequal_capacities_rank_by_the_weighted_score() -> None:
+    rows = [{"node_id": f"n{i}", "node_uuid": None, "node_order": i, "host": f"h{i}", "attributes": None,
+             "capacity": [1.0, 2.0, 0.5, 4.0][i], "is_client": False} for i in range(4)]
+    nodes = {r["node_id"]: r for r in rows}
+    node_set = NodeSet.from_rows(rows)
+    g = {"backups": 1, "mode": "PARTITIONED", "affinity": "rendezvous", "persistent": True,
+         "exclude_neighbors": False, "backup_filter": None}
+    for p in range(16):
+        matrix = assign_indexes(np.array([p]), node_set, 1)
+        ideal = [{"partition_id": p, "node_id": node_set.node_ids[i], "replica_index": k}
+                 for k, i in enumerate(matrix[0])]
+        answer = _candidates(g, ideal, rows, nodes, {"draining_nodes": [], "baseline_nodes": None}, Settings())
+        scores = [x["score"] for x in answer]
+        assert scores == sorted(scores, reverse=True)  # the rank is the score's order
+        assert [x["node"] for x in answer[:2]] == [r["node_id"] for r in ideal]
+        assert "capacity-weighted score" in answer[-1]["reason"]
