@@ -213,6 +213,7 @@ def read_inputs(
     last_seq = committed.last_event_seq if committed else 0
     merged = committed.merged_event_seqs if committed else frozenset()
     late = late_events([e for e in events if e.event_seq <= last_seq and e.event_seq not in merged], last_seq)
+    late += _taken_seqs(warehouse, [e for e in events if e.event_seq in merged], since.get("topology_events"))
     pending = sorted((e for e in events if e.event_seq > last_seq), key=lambda e: e.event_seq)
     return Inputs(
         nodes=valid_small["nodes"],
@@ -226,6 +227,31 @@ def read_inputs(
         references=references,
         _reports_since=reports_since,
     )
+
+
+def _taken_seqs(warehouse: Warehouse, reused: list[Event], consumed: int | None) -> list[Rejection]:
+    """New events whose ``event_seq`` a committed exchange already merged for another event.
+
+    Such a row is not pending (its seq is merged) and must not be dropped silently: the first committed row of a
+    seq stands (SPEC section 2, unique keys), so a later row with other content is rejected with that reason. A
+    row with the same content is the merged event itself, read again (a run that crashed between its exchanges
+    re-reads the events its committed exchanges merged), and is left alone.
+    """
+    if not reused or consumed is None:
+        return []
+    stored = warehouse.read_arrow("topology_events", version=consumed)
+    standing: dict[int, tuple[Any, ...]] = {}
+    for r in stored.to_pylist():  # the first stored row of each seq stands
+        standing.setdefault(r["event_seq"], (r["event_type"], r["node_id"], r["group_name"]))
+    out = []
+    for e in sorted(reused, key=lambda e: e.event_seq):
+        first = standing.get(e.event_seq)
+        if first is not None and first != (e.event_type, e.node_id, e.group_name):
+            applied = " ".join(str(x) for x in first if x is not None)
+            out.append(Rejection(e, f"{e.event_type} event_seq {e.event_seq} was never applied: a committed "
+                                    f"exchange already applied another event with that seq ({applied}), and the "
+                                    "first row of a seq stands; append it again with a new event_seq"))
+    return out
 
 
 #: New reports up to this many are judged on the driver (``rebalancer.validation_local``); more go to Spark.

@@ -408,6 +408,8 @@ def collect_report_data(
 
 def _what_if_rows(warehouse: Warehouse, version: tuple[int, int]) -> tuple[Mapping[str, Any], ...]:
     """The newest what-if run against ``version``, ranked worst first."""
+    if not warehouse.exists("what_if"):  # a warehouse made before what-if existed
+        return ()
     rows = warehouse.read_arrow("what_if", where={"base_major": version[0], "base_minor": version[1]})
     if rows.num_rows == 0:
         return ()

@@ -220,9 +220,10 @@ WHAT_IF = _schema(
     ("makespan_lower_bound_s", D),
     ("max_replicas_per_node", L),
     ("mean_replicas_per_node", D),
-    # beyond SPEC: which sweep made the scenario ("node node3", "host host1", "zone a", "custom"), how many
-    # partitions it recomputed, and when the run started
+    # beyond SPEC: which sweep made the scenario ("node node3", "host host1", "zone a", "custom"), the lost
+    # partitions by loss policy, how many partitions it recomputed, and when the run started
     ("label", S),
+    ("lost_by_policy", MapType(S, L)),
     ("recomputed_partitions", L),
     ("created_at", T),
 )

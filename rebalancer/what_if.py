@@ -20,7 +20,8 @@ committed version's totals with the recomputed partitions' "before" replaced by 
 
 Figures, per scenario (docs/OPERATIONS.md "What if"):
 
-- ``lost_partitions``: rows the exchange would write to ``lost_partitions``;
+- ``lost_partitions``: rows the exchange would write to ``lost_partitions`` (each group's loss policy decides: an
+  IGNORE loss is listed in the version of the loss), and ``lost_by_policy``: the same by loss policy;
 - ``partitions_without_backup``: partitions of groups that keep backups (``backups >= 1`` or REPLICATED) with
   exactly one OWNING copy right after the exchange (one more failure loses them; lost ones are counted above);
 - ``copies`` and ``bytes_to_move``: the plan's COPY steps and its bytes (what ``exchanges.bytes_to_move`` holds);
@@ -97,7 +98,8 @@ _RESULT = pa.schema(
     [(SCENARIO, pa.int32()), ("lost_partitions", pa.int64()), ("partitions_without_backup", pa.int64()),
      ("copies", pa.int64()), ("bytes_to_move", pa.int64()), ("makespan_s", pa.float64()),
      ("makespan_lower_bound_s", pa.float64()), ("max_replicas_per_node", pa.int64()),
-     ("mean_replicas_per_node", pa.float64()), ("recomputed_partitions", pa.int64())]
+     ("mean_replicas_per_node", pa.float64()), ("recomputed_partitions", pa.int64()),
+     ("lost_by_policy", pa.map_(pa.string(), pa.int64()))]
 )
 
 
@@ -258,12 +260,14 @@ def what_if(
                 "scenario": pa.array([wanted[i].text for i in index], pa.string()),
                 **{name: result.column(name) for name in FIGURES},
                 "label": pa.array([wanted[i].label for i in index], pa.string()),
+                "lost_by_policy": result.column("lost_by_policy"),
                 "recomputed_partitions": result.column("recomputed_partitions"),
                 "created_at": pa.array([created_at] * n, pa.timestamp("us", tz="UTC")),
             }
         ))
         if write:
             with meter.stage("write"):
+                warehouse.create_tables(["what_if"])  # a warehouse made before what-if existed has none
                 warehouse.replace_where_arrow("what_if", rows, {"run_id": run_id})
         return WhatIfRun(run_id, committed.version, rows, time.perf_counter() - t0, meter.jobs(),
                          dict(meter.seconds))
@@ -418,6 +422,7 @@ def figures(scenario: int, table: pa.Table, shared: _Shared) -> pa.Table:
             "max_replicas_per_node": [int(per_server.max()) if per_server.size else 0],
             "mean_replicas_per_node": [float(per_server.mean()) if per_server.size else 0.0],
             "recomputed_partitions": [int(pc.sum(pc.equal(kind, PARTITION).cast(pa.int64())).as_py() or 0)],
+            "lost_by_policy": [sorted(Counter(decided.lost_partitions.column("loss_policy").to_pylist()).items())],
         },
         schema=_RESULT,
     )

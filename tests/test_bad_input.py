@@ -417,6 +417,25 @@ def test_late_event_with_a_lower_event_seq_is_rejected_not_silently_skipped(hist
     }
 
 
+def test_an_event_reusing_a_merged_seq_is_rejected_not_silently_skipped(spark: SparkSession, tmp_path: Path) -> None:
+    """The first committed row of an event_seq stands; a later row with that seq and other content was never
+    applied, so it is rejected with the reason (it was skipped without a word before). The same row again is the
+    merged event itself and is left alone."""
+    c = Cluster.create(spark, tmp_path / "w")
+    c.group("g", 2, 1)
+    c.join("n1", "n2")  # events 1 and 2
+    c.exchange()
+    c.event_at(2, "NODE_FAILED", node="n1")  # seq 2 is the merged NODE_JOINED n2
+    c.event_at(1, "NODE_JOINED", node="n1")  # an exact copy of merged event 1
+    assert c.exchange() == []  # nothing pending: nothing committed
+    assert c.exchange() == []  # a second run records nothing twice
+    rejected = [(json.loads(r.row_json)["event_seq"], r.reason, r.exchange_id)
+                for r in c.warehouse.read("rejected_rows").collect()]
+    assert rejected == [(2, "NODE_FAILED event_seq 2 was never applied: a committed exchange already applied "
+                            "another event with that seq (NODE_JOINED n2), and the first row of a seq stands; "
+                            "append it again with a new event_seq", 2)]
+
+
 # =====================================================================================================================
 # Strict mode and --strict
 # =====================================================================================================================
