@@ -242,6 +242,35 @@ def explain_command(
 
 
 @app.command()
+def vacuum(
+    ctx: typer.Context,
+    keep_versions: Annotated[int, typer.Option("--keep-versions", metavar="N",
+                                               help="Committed versions whose rows stay (the newest N; at least 1).")],
+    retain_hours: Annotated[int, typer.Option("--retain-hours", metavar="H", help=(
+        "Delta VACUUM retention: data files a table version of the last H hours references stay (time travel, "
+        "concurrent readers). 0 frees the space at once; only when nothing else uses the warehouse."))] = 168,
+) -> None:
+    """Delete the rows of older topology versions from the versioned tables and run Delta VACUUM on them."""
+    from rebalancer.operations import vacuum_warehouse
+
+    if keep_versions < 1:  # before starting Spark
+        raise typer.BadParameter(f"must be at least 1 (the newest version is what the next exchange starts from), "
+                                 f"got {keep_versions}", param_hint="--keep-versions")
+    state = _state(ctx)
+    with step("vacuuming"):
+        result = vacuum_warehouse(state.warehouse, keep_versions, retain_hours)
+    if not result.kept:
+        console.print("nothing committed yet: nothing to vacuum")
+        return
+    first, last = result.kept[0], result.kept[-1]
+    sizes = ("" if result.bytes_before is None or result.bytes_after is None else
+             f"; data files {result.bytes_before / 2**20:,.1f} MiB -> {result.bytes_after / 2**20:,.1f} MiB")
+    console.print(f"kept {len(result.kept)} version(s), {first[0]}.{first[1]} to {last[0]}.{last[1]}; removed the "
+                  f"rows of {result.removed} older version(s); VACUUM deleted {result.files_deleted} file(s) "
+                  f"older than {retain_hours} h{sizes}")
+
+
+@app.command()
 def simulate(
     ctx: typer.Context,
     until_stable: Annotated[

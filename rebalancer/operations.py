@@ -6,13 +6,16 @@ returns plain data the caller may print. Printing, argument parsing and session 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rebalancer.config import Settings
 from rebalancer.generate import GeneratedCluster, generate_cluster
 from rebalancer.inputs import latest_version as latest_committed_version
-from rebalancer.pipeline import Meter
+from rebalancer.pipeline import VERSIONED_TABLES, Meter
 from rebalancer.producers import AppendedEvent, EventError, append_event, check_event
 from rebalancer.storage import Warehouse
 from rebalancer.tables import INPUT_TABLES, OUTPUT_TABLES, SCHEMAS
@@ -28,6 +31,8 @@ __all__ = [
     "generate_into",
     "load_generated_cluster",
     "validate_warehouse",
+    "VacuumResult",
+    "vacuum_warehouse",
 ]
 
 def load_generated_cluster(spark: SparkSession, warehouse: Warehouse, cluster: GeneratedCluster) -> dict[str, int]:
@@ -114,3 +119,72 @@ def export_affinity(warehouse: Warehouse, version: tuple[int, int] | None = None
     )
     groups = warehouse.read("cache_groups").select("group_name", "partitions", "affinity", "partitioner").collect()
     return export_rows_to_json(rows, groups, (major, minor))
+
+
+@dataclass(frozen=True)
+class VacuumResult:
+    """What ``rebalancer vacuum`` did.
+
+    Attributes:
+        kept: the committed versions whose rows stay, oldest first.
+        removed: how many older committed versions lost their rows.
+        files_deleted: data files Delta VACUUM deleted.
+        bytes_before / bytes_after: data bytes of the versioned tables on disk (None for catalog tables).
+    """
+
+    kept: list[tuple[int, int]]
+    removed: int
+    files_deleted: int
+    bytes_before: int | None
+    bytes_after: int | None
+
+
+def vacuum_warehouse(warehouse: Warehouse, keep_versions: int, retain_hours: int = 168) -> VacuumResult:
+    """Keep the rows of the newest ``keep_versions`` committed versions in the versioned tables, delete the older
+    ones, and run Delta VACUUM on those tables (docs/STORAGE.md "Retention").
+
+    What the next exchange reads is never touched: it starts from the newest version (always kept), and it reads
+    the input tables at the Delta versions the newest exchange recorded, so the input tables are not vacuumed.
+    ``exchanges`` keeps every row (the history). Rows of a version newer than the newest committed one (a crashed
+    run's partial writes, which its re-run replaces) are kept.
+
+    Args:
+        warehouse: the warehouse.
+        keep_versions: committed versions to keep, at least 1.
+        retain_hours: Delta VACUUM's retention: files a table version of the last ``retain_hours`` hours still
+            references stay (readers of those versions, time travel). 0 reclaims the space at once; only safe
+            when nothing else reads or writes the warehouse meanwhile.
+
+    Raises:
+        ValueError: ``keep_versions`` below 1, or ``retain_hours`` negative.
+    """
+    if keep_versions < 1:
+        raise ValueError(f"--keep-versions must be at least 1 (the newest version is what the next exchange starts "
+                         f"from), got {keep_versions}")
+    if retain_hours < 0:
+        raise ValueError(f"--retain-hours must be 0 or more, got {retain_hours}")
+    rows = warehouse.read_arrow("exchanges").to_pylist() if warehouse.exists("exchanges") else []
+    versions = [(int(r["topology_major"]), int(r["topology_minor"]))
+                for r in sorted(rows, key=lambda r: r["exchange_id"])]
+    names = [n for n in VERSIONED_TABLES if warehouse.exists(n)]
+    before = _data_bytes(warehouse, names)
+    kept = versions[-keep_versions:]
+    removed = len(versions) - len(kept)
+    if removed:
+        major, minor = kept[0]
+        older = f"topology_major < {major} OR (topology_major = {major} AND topology_minor < {minor})"
+        for name in names:
+            warehouse.delete_where(name, older)
+    files = sum(warehouse.vacuum(name, retain_hours) for name in names)
+    return VacuumResult(kept, removed, files, before, _data_bytes(warehouse, names))
+
+
+def _data_bytes(warehouse: Warehouse, names: list[str]) -> int | None:
+    """Bytes of the data files under the tables' directories (None when a table is not a local directory)."""
+    total = 0
+    for name in names:
+        root = Path(warehouse.path_of(name))
+        if not root.is_dir():
+            return None
+        total += sum(f.stat().st_size for f in root.rglob("*.parquet") if "_delta_log" not in f.parts)
+    return total

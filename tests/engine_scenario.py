@@ -17,8 +17,8 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from rebalancer.config import Settings
-from rebalancer.operations import generate_into
-from rebalancer.pipeline import run_exchange
+from rebalancer.operations import generate_into, vacuum_warehouse
+from rebalancer.pipeline import VERSIONED_TABLES, run_exchange
 from rebalancer.producers import append_event
 from rebalancer.storage import open_warehouse
 
@@ -51,6 +51,30 @@ def run_story(spark: SparkSession, engine: str, warehouse: Path, catalog_prefix:
         rows = df.select(*(columns or df.columns)).collect()
         out[name] = sorted((json.loads(json.dumps([v for v in r], default=str)) for r in rows), key=repr)
     return out
+
+
+def run_vacuum(spark: SparkSession, engine: str, warehouse: Path) -> dict[str, Any]:
+    """On a copy of the story's warehouse: ``vacuum --keep-versions 1 --retain-hours 0``, what is left, and the rows
+    the next exchange (node1 joins again) commits."""
+    copy = warehouse.parent / f"{warehouse.name}-vacuumed"
+    shutil.copytree(warehouse, copy)
+    settings = Settings().with_overrides(storage={"warehouse": str(copy), "engine": engine})
+    wh = open_warehouse(spark, settings.storage)
+    result = vacuum_warehouse(wh, keep_versions=1, retain_hours=0)
+    left = sorted({(r[0], r[1]) for name in VERSIONED_TABLES
+                   for r in wh.read(name).select("topology_major", "topology_minor").distinct().collect()})
+    append_event(spark, wh, "NODE_JOINED", node_id="node1")
+    [summary] = run_exchange(spark, wh, settings)
+    where = f"topology_major = {summary.topology_major} AND topology_minor = {summary.topology_minor}"
+    nxt = {}
+    for name, columns in COMPARED.items():
+        if name == "exchanges":
+            continue
+        df = wh.read(name).where(where)
+        rows = df.select(*(columns or df.columns)).collect()
+        nxt[name] = sorted((json.loads(json.dumps([v for v in r], default=str)) for r in rows), key=repr)
+    return {"kept": [list(v) for v in result.kept], "versions_left": [list(v) for v in left],
+            "files_deleted": result.files_deleted, "next": nxt}
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -147,6 +171,7 @@ def main() -> None:
                                     app_name=f"engine-scenario-{engine}"),
                       {"spark.sql.warehouse.dir": str(warehouse.parent / "catalog")}, delta=engine == "delta-spark")
     out = run_story(spark, engine, warehouse)
+    out["vacuum"] = run_vacuum(spark, engine, warehouse)
     if engine == "delta-spark":
         out["queries"] = run_queries(spark, engine, warehouse)
         out["race"] = run_race(spark, engine, warehouse)

@@ -122,3 +122,23 @@ def test_two_exchanges_racing_on_delta_spark_commit_one_version_and_one_clear_er
     assert lost["error"] == "ExchangeConflictError" and "committed by another run" in lost["message"], race
     assert "\n" not in lost["message"]
     assert [e[1:] for e in race["exchanges"]] == [[4, 0], [5, 0], [6, 0]]
+
+
+def test_vacuum_on_delta_spark_keeps_the_newest_version_and_the_next_exchange_matches_delta_rs(
+    spark: Any, delta_spark_story: Any, tmp_path: Path
+) -> None:
+    """``vacuum --keep-versions 1 --retain-hours 0`` on a copy of each engine's story warehouse: only the newest
+    version's rows stay, files are deleted, and the next exchange commits the same rows on both engines."""
+    from tests.engine_scenario import run_story, run_vacuum
+
+    warehouse, story = delta_spark_story
+    on_delta_spark = story["vacuum"]
+    assert on_delta_spark["kept"] == [[5, 0]] and on_delta_spark["versions_left"] == [[5, 0]]
+    assert on_delta_spark["files_deleted"] > 0
+    run_story(spark, "delta-rs", tmp_path / "w")
+    on_delta_rs = run_vacuum(spark, "delta-rs", tmp_path / "w")
+    assert on_delta_spark["next"] == on_delta_rs["next"]
+    for name in SCHEMAS:  # still plain Delta after delta-spark's DELETE and VACUUM
+        protocol = deltalake.DeltaTable(str(warehouse.parent / "w-vacuumed" / name)).protocol()
+        assert (protocol.min_reader_version, protocol.min_writer_version) == (1, 2), name
+        assert not protocol.reader_features and not protocol.writer_features, name

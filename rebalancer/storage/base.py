@@ -824,6 +824,22 @@ class Warehouse(abc.ABC):
             ConcurrentWriteError: the commit kept conflicting with other writers.
         """
 
+    # ---- retention ----
+    @abc.abstractmethod
+    def delete_where(self, name: str, condition: str) -> None:
+        """Delete the rows matching the SQL ``condition`` in one commit (the files holding them are rewritten; no
+        deletion vectors, so the table stays plain Delta).
+
+        Raises:
+            TableNotFoundError: the table does not exist.
+            ConcurrentWriteError: the commit kept conflicting with other writers.
+        """
+
+    @abc.abstractmethod
+    def vacuum(self, name: str, retain_hours: int) -> int:
+        """Delta VACUUM: delete the data files that no table version of the last ``retain_hours`` hours
+        references (time travel to older versions stops working). Returns how many files were deleted."""
+
     # ---- SQL ----
     def register_views(self, names: Iterable[str] | None = None) -> None:
         """Make tables queryable as ``spark.sql("SELECT ... FROM <name>")`` (session temporary views).

@@ -384,6 +384,19 @@ class DeltaRsWarehouse(Warehouse):
 
         self._run_rewrite(name, staged, attempt)
 
+    def delete_where(self, name: str, condition: str) -> None:
+        def attempt() -> None:
+            self._open_for_write(name).delete(condition)
+
+        retry_on_conflict(attempt, table=name, retries=self.commit_retries, is_conflict=_is_conflict)
+        self._refresh_view(name)
+
+    def vacuum(self, name: str, retain_hours: int) -> int:
+        deleted = self._open_for_write(name).vacuum(retention_hours=retain_hours, dry_run=False,
+                                                    enforce_retention_duration=False)
+        self._refresh_view(name)  # a view over the files of an older snapshot would name deleted files
+        return len(deleted)
+
     def merge(self, name: str, df: DataFrame, keys: Sequence[str], *, insert_only: bool = False) -> None:
         snapshot = self._open_for_write(name)
         stored = _stored_schema(snapshot)

@@ -352,6 +352,25 @@ class DeltaSparkWarehouse(Warehouse):
 
         retry_on_conflict(attempt, table=name, retries=self.commit_retries, is_conflict=is_delta_conflict)
 
+    def delete_where(self, name: str, condition: str) -> None:
+        def attempt() -> None:
+            self._delta_table(name).delete(condition)
+
+        retry_on_conflict(attempt, table=name, retries=self.commit_retries, is_conflict=is_delta_conflict)
+
+    def vacuum(self, name: str, retain_hours: int) -> int:
+        check = "spark.databricks.delta.retentionDurationCheck.enabled"
+        before = self.spark.conf.get(check, "true") or "true"
+        self.spark.conf.set(check, "false")  # below Delta's 168 h on purpose: the caller chose the retention
+        root = Path(self.path_of(name))
+        listed = root.is_dir()  # a path table: count its data files (Delta's Python vacuum returns no count)
+        files_before = _data_files(root) if listed else set()
+        try:
+            self._delta_table(name).vacuum(float(retain_hours))
+        finally:
+            self.spark.conf.set(check, before)
+        return len(files_before - _data_files(root)) if listed else 0
+
     def merge(self, name: str, df: DataFrame, keys: Sequence[str], *, insert_only: bool = False) -> None:
         stored, optional = self._stored(name)
         key_list = check_merge_keys(keys, stored, name)
@@ -405,3 +424,7 @@ class DeltaSparkWarehouse(Warehouse):
                 f"table {name} does not exist at {self.path_of(name)}; create it first (rebalancer init, or "
                 f"Warehouse.create_tables)."
             )
+
+
+def _data_files(root: Path) -> set[Path]:
+    return {f for f in root.rglob("*.parquet") if "_delta_log" not in f.parts}
