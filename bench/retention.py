@@ -1,6 +1,6 @@
 """Benchmark: bytes each topology version adds to the warehouse, and what ``rebalancer vacuum`` frees.
 
-Setup: ``generate`` (default 10 nodes, 4 groups x 1,024 partitions, 2 backups: 24,576 replicas) and the first
+Setup: ``generate`` (default 10 nodes, 4 groups x 1,024 partitions, 2 backups: 12,288 replicas) and the first
 exchange, then ``--changes`` exchanges alternating a failure and the same node's return (``node{N-1}``), each
 followed by nothing else (the plan is not carried out: every version is a complete copy of the versioned tables).
 Measured after each exchange: bytes of the data files of the versioned tables (``pipeline.VERSIONED_TABLES``) on

@@ -163,8 +163,8 @@ def section(r: dict[str, Any]) -> str:
         lines += ["", f"Worst scenario: `{worst['scenario']}` ({worst['lost_partitions']} lost, "
                       f"{worst['copies']:,} copies, {worst['bytes_to_move'] / 2**30:,.0f} GiB, makespan "
                       f"{worst['makespan_s']:.1f} s). The generated XL cluster places all 256 groups alike (the "
-                      "same partition ids, no salt), so a node holds 0 or a multiple of 256 replicas: 45 of the "
-                      "1,000 failures recompute nothing."]
+                      "same partition ids, no salt), so a node holds 0 or a multiple of 256 replicas, and the "
+                      "failure of a node holding none recomputes nothing."]
     return "\n".join(lines) + "\n"
 
 

@@ -16,19 +16,7 @@ from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.config import Settings
 from rebalancer.explain import ExplainError, _candidates, explain
 from tests.exchange_scenarios import Cluster
-
-
-def steady(spark: Any, path: Path, partitions: int = 4, groups: dict[str, str | None] | None = None,
-           **overrides: Any) -> Cluster:
-    c = Cluster.create(spark, path, **overrides)
-    placement = {0: ["n2", "n1"], 1: ["n2", "n1"], 2: ["n3", "n2"], 3: ["n2", "n1"]}
-    groups = groups or {"g": None}
-    for name, policy in groups.items():
-        c.group(name, partitions, 1, loss_policy=policy)
-    c.join("n1", "n2", "n3")
-    c.report([(n, g, p, "OWNING", 10, 5, None) for g in groups for p in range(partitions) for n in placement[p]])
-    c.exchange()
-    return c
+from tests.test_exchange_job import steady_three_nodes as steady
 
 
 def every_answer_agrees_with_the_tables(c: Cluster, version: tuple[int, int]) -> dict[tuple[str, int], Any]:
@@ -65,7 +53,7 @@ def every_answer_agrees_with_the_tables(c: Cluster, version: tuple[int, int]) ->
 
 
 def test_a_join_explains_the_temporary_primary_and_what_the_switch_waits_for(spark: Any, tmp_path: Path) -> None:
-    c = steady(spark, tmp_path / "w")
+    c = steady(spark, tmp_path / "w", partitions=4)
     c.join("n4")
     c.exchange()
     answers = every_answer_agrees_with_the_tables(c, (4, 0))
@@ -138,7 +126,7 @@ def test_a_step_that_waits_for_a_node_at_its_cap_names_it(spark: Any, tmp_path: 
 
 
 def test_bad_questions_get_one_sentence(spark: Any, tmp_path: Path) -> None:
-    c = steady(spark, tmp_path / "w")
+    c = steady(spark, tmp_path / "w", partitions=4)
     with pytest.raises(ExplainError, match="group 'nope' was not running at version 3.0"):
         explain(c.warehouse, c.settings, "nope", 0)
     with pytest.raises(ExplainError, match="partitions 0..3, not 9"):
@@ -150,7 +138,7 @@ def test_bad_questions_get_one_sentence(spark: Any, tmp_path: Path) -> None:
 def test_cli_explain_prints_and_answers_json(spark: Any, tmp_path: Path, capsys: Any) -> None:
     from rebalancer.cli import main
 
-    c = steady(spark, tmp_path / "w")
+    c = steady(spark, tmp_path / "w", partitions=4)
     c.join("n4")
     c.exchange()
     def cli(*argv: str) -> str:
