@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-all interop interop-slow bench-interop soak lint bench bench-quick clean
+.PHONY: install demo test test-all interop interop-slow storage-slow bench-interop soak lint bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 not found (tried python3.11, python3)"; exit 1; }
@@ -43,6 +43,10 @@ interop: $(STAMP)
 # after `make test`, which runs the fast ones.
 interop-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow tests/interop --durations=10
+
+# The slow storage tests: vacuum on the delta-spark engine (its DELETEs and VACUUMs take minutes). CI runs them.
+storage-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow tests/test_delta_spark.py --durations=5
 
 # Hazelcast's parallel-migrations benchmark on real Hazelcast at 20,000 partitions, against our planner.
 bench-interop: $(STAMP)
