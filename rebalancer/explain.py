@@ -79,7 +79,8 @@ def explain(warehouse: Warehouse, settings: Settings, group: str, partition: int
         ExplainError: the version is not committed, the group was not running in it, or the partition is out of
             range.
     """
-    exchange = _exchange_row(warehouse, version)
+    history = warehouse.read_arrow("exchanges").to_pylist()
+    exchange = _exchange_row(history, version)
     v = (int(exchange["topology_major"]), int(exchange["topology_minor"]))
     where = version_where(v)
     if group not in (exchange["running_groups"] or []):
@@ -101,7 +102,7 @@ def explain(warehouse: Warehouse, settings: Settings, group: str, partition: int
                    key=lambda r: r["step"])
     servers = [r for r in warehouse.read_arrow("topology", where=where).to_pylist() if not r["is_client"]]
     nodes = {r["node_id"]: r for r in warehouse.read_arrow("nodes").to_pylist()}
-    before = _previous_copies(warehouse, exchange, group, partition)
+    before = _previous_copies(warehouse, history, exchange, group, partition)
 
     settings_row = {k: g.get(k) for k in ("partitions", "backups", "mode", "affinity", "exclude_neighbors",
                                           "backup_filter", "loss_policy", "persistent")}
@@ -130,8 +131,7 @@ def explain(warehouse: Warehouse, settings: Settings, group: str, partition: int
 # =====================================================================================================================
 
 
-def _exchange_row(warehouse: Warehouse, version: tuple[int, int] | None) -> dict[str, Any]:
-    rows = warehouse.read_arrow("exchanges").to_pylist()
+def _exchange_row(rows: list[dict[str, Any]], version: tuple[int, int] | None) -> dict[str, Any]:
     if not rows:
         raise ExplainError("nothing is committed yet: run `rebalancer exchange` first")
     if version is None:
@@ -150,10 +150,9 @@ def _one(rows: list[dict[str, Any]], group: str) -> dict[str, Any]:
     return rows[-1]
 
 
-def _previous_copies(warehouse: Warehouse, exchange: Mapping[str, Any], group: str,
+def _previous_copies(warehouse: Warehouse, rows: list[dict[str, Any]], exchange: Mapping[str, Any], group: str,
                      partition: int) -> dict[str, dict[str, Any]] | None:
     """The partition's copies at the version before (None for the first exchange)."""
-    rows = warehouse.read_arrow("exchanges").to_pylist()
     earlier = [r for r in rows if r["exchange_id"] < exchange["exchange_id"]]
     if not earlier:
         return None
@@ -334,8 +333,8 @@ def _plan(steps: Sequence[Mapping[str, Any]], plan: pa.Table, copies: Sequence[M
     cap = settings.migration.max_parallel_per_node
     starts = plan.column("est_start_s").to_numpy(zero_copy_only=False) if plan.num_rows else np.zeros(0)
     ends = plan.column("est_end_s").to_numpy(zero_copy_only=False) if plan.num_rows else np.zeros(0)
-    sources = plan.column("source_node").to_pylist() if plan.num_rows else []
-    targets = plan.column("target_node").to_pylist() if plan.num_rows else []
+    sources = np.array(plan.column("source_node").to_pylist(), dtype=object)
+    targets = np.array(plan.column("target_node").to_pylist(), dtype=object)
     out = []
     previous_end = None
     for s in steps:
@@ -379,7 +378,7 @@ def _step_reason(s: Mapping[str, Any], copies: Mapping[str, Mapping[str, Any]], 
 
 
 def _waited(s: Mapping[str, Any], previous_end: float | None, starts: np.ndarray, ends: np.ndarray,
-            sources: Sequence[str | None], targets: Sequence[str | None], cap: int) -> str:
+            sources: np.ndarray, targets: np.ndarray, cap: int) -> str:
     start = s["est_start_s"]
     if start is None:
         return "not scheduled (the cluster is inactive)"
@@ -390,7 +389,7 @@ def _waited(s: Mapping[str, Any], previous_end: float | None, starts: np.ndarray
     for node in (s["source_node"], s["target_node"]):
         if node is None:
             continue
-        touching = np.array([a == node or b == node for a, b in zip(sources, targets, strict=True)], dtype=bool)
+        touching = (sources == node) | (targets == node)
         finishing = touching & (np.abs(ends - start) <= _EPSILON)
         running = int(np.count_nonzero(touching & (starts < start - _EPSILON) & (ends > start - _EPSILON)))
         if finishing.any() and running + int(np.count_nonzero(finishing)) >= cap:

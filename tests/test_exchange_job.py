@@ -37,6 +37,31 @@ def steady_three_nodes(spark: Any, path: Path, partitions: int = 3, groups: dict
     return c
 
 
+def lagging_replicas(spark: Any, path: Path) -> Cluster:
+    """n1..n3 joined, not exchanged yet: n1 lags 50 updates behind n2 on g/0 (n2's WAL covers it) and on g/1 (it
+    does not); g/2 is small, below the history threshold."""
+    c = Cluster.create(spark, path)
+    c.group("g", 3, 1)
+    c.join("n1", "n2", "n3")
+    c.report([
+        ("n2", "g", 0, "OWNING", 1000, 1000, 900), ("n1", "g", 0, "OWNING", 950, 1000, None),  # history covers 950
+        ("n2", "g", 1, "OWNING", 1000, 1000, 990), ("n1", "g", 1, "OWNING", 950, 1000, None),  # history from 990
+        ("n3", "g", 2, "OWNING", 10, 5, 0), ("n2", "g", 2, "OWNING", 10, 5, 0),  # small: below the threshold
+    ])
+    return c
+
+
+def equal_counters_different_sizes(spark: Any, path: Path) -> Cluster:
+    """n1..n3 joined, not exchanged yet: g/0's two copies are at counter 10 with sizes 5 and 6."""
+    c = Cluster.create(spark, path)
+    c.group("g", 3, 1)
+    c.join("n1", "n2", "n3")
+    c.report([("n2", "g", 0, "OWNING", 10, 5, None), ("n1", "g", 0, "OWNING", 10, 6, None),
+              ("n2", "g", 1, "OWNING", 10, 5, None), ("n1", "g", 1, "OWNING", 10, 5, None),
+              ("n3", "g", 2, "OWNING", 10, 5, None), ("n2", "g", 2, "OWNING", 10, 5, None)])
+    return c
+
+
 @pytest.fixture(params=["driver", "spark"])
 def unsettled_finder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Which partitions a join or a failure touches is found on the driver for small clusters and by a Spark job
@@ -157,14 +182,7 @@ def test_two_failures_lose_a_partition_under_each_policy_then_reset(spark: Any, 
 def test_lagging_replica_is_rebalanced_historical_when_history_covers_it_else_full(
     spark: Any, tmp_path: Path
 ) -> None:
-    c = Cluster.create(spark, tmp_path / "w")
-    c.group("g", 3, 1)
-    c.join("n1", "n2", "n3")
-    c.report([
-        ("n2", "g", 0, "OWNING", 1000, 1000, 900), ("n1", "g", 0, "OWNING", 950, 1000, None),  # history covers 950
-        ("n2", "g", 1, "OWNING", 1000, 1000, 990), ("n1", "g", 1, "OWNING", 950, 1000, None),  # history from 990
-        ("n3", "g", 2, "OWNING", 10, 5, 0), ("n2", "g", 2, "OWNING", 10, 5, 0),  # small: below the threshold
-    ])
+    c = lagging_replicas(spark, tmp_path / "w")
     c.exchange()
     assert_table(c, "counter_conflicts", (3, 0), ["partition_id", "node_id", "update_counter",
                                                   "max_update_counter", "size", "action"], [
@@ -180,12 +198,7 @@ def test_lagging_replica_is_rebalanced_historical_when_history_covers_it_else_fu
 
 
 def test_equal_counters_with_different_sizes_are_a_warning_only(spark: Any, tmp_path: Path) -> None:
-    c = Cluster.create(spark, tmp_path / "w")
-    c.group("g", 3, 1)
-    c.join("n1", "n2", "n3")
-    c.report([("n2", "g", 0, "OWNING", 10, 5, None), ("n1", "g", 0, "OWNING", 10, 6, None),
-              ("n2", "g", 1, "OWNING", 10, 5, None), ("n1", "g", 1, "OWNING", 10, 5, None),
-              ("n3", "g", 2, "OWNING", 10, 5, None), ("n2", "g", 2, "OWNING", 10, 5, None)])
+    c = equal_counters_different_sizes(spark, tmp_path / "w")
     [s] = c.exchange()
     assert c.rows("counter_conflicts", (3, 0), "partition_id", "node_id", "action") == {
         (0, "n2", "SIZE_MISMATCH"), (0, "n1", "SIZE_MISMATCH")

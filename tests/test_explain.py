@@ -16,6 +16,7 @@ from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.config import Settings
 from rebalancer.explain import ExplainError, _candidates, explain
 from tests.exchange_scenarios import Cluster
+from tests.test_exchange_job import equal_counters_different_sizes, lagging_replicas
 from tests.test_exchange_job import steady_three_nodes as steady
 
 
@@ -76,14 +77,7 @@ def test_a_join_explains_the_temporary_primary_and_what_the_switch_waits_for(spa
 
 
 def test_lagging_copies_explain_historical_and_full(spark: Any, tmp_path: Path) -> None:
-    c = Cluster.create(spark, tmp_path / "w")
-    c.group("g", 3, 1)
-    c.join("n1", "n2", "n3")
-    c.report([
-        ("n2", "g", 0, "OWNING", 1000, 1000, 900), ("n1", "g", 0, "OWNING", 950, 1000, None),
-        ("n2", "g", 1, "OWNING", 1000, 1000, 990), ("n1", "g", 1, "OWNING", 950, 1000, None),
-        ("n3", "g", 2, "OWNING", 10, 5, 0), ("n2", "g", 2, "OWNING", 10, 5, 0),
-    ])
+    c = lagging_replicas(spark, tmp_path / "w")
     c.exchange()
     answers = every_answer_agrees_with_the_tables(c, (3, 0))
     n1 = next(x for x in answers[("g", 0)]["copies"] if x["node"] == "n1")
@@ -105,12 +99,7 @@ def test_losses_and_size_mismatches_say_why(spark: Any, tmp_path: Path) -> None:
     assert "under READ_WRITE_SAFE it stays LOST until RESET_LOST_PARTITIONS" in lost["copies"][0]["reason"]
     assert answers[("ig", 2)]["lost"]["read_allowed"] is True
 
-    m = Cluster.create(spark, tmp_path / "m")
-    m.group("g", 3, 1)
-    m.join("n1", "n2", "n3")
-    m.report([("n2", "g", 0, "OWNING", 10, 5, None), ("n1", "g", 0, "OWNING", 10, 6, None),
-              ("n2", "g", 1, "OWNING", 10, 5, None), ("n1", "g", 1, "OWNING", 10, 5, None),
-              ("n3", "g", 2, "OWNING", 10, 5, None), ("n2", "g", 2, "OWNING", 10, 5, None)])
+    m = equal_counters_different_sizes(spark, tmp_path / "m")
     m.exchange()
     mismatch = every_answer_agrees_with_the_tables(m, (3, 0))[("g", 0)]
     assert all("SIZE_MISMATCH" in x["reason"] for x in mismatch["copies"])
