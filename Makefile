@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-all interop interop-slow storage-slow bench-interop soak lint bench bench-quick clean
+.PHONY: install demo test test-all interop interop-slow storage-slow connect-slow bench-interop soak lint bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 not found (tried python3.11, python3)"; exit 1; }
@@ -44,9 +44,23 @@ interop: $(STAMP)
 interop-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow tests/interop --durations=10
 
-# The slow storage tests: vacuum on the delta-spark engine (its DELETEs and VACUUMs take minutes). CI runs them.
+# The delta-spark engine, for real (CI runs it after `make test`): the storage contract, the exchange scenarios with
+# their exact tables, the crash points and the concurrency tests once more with the Delta jars in the suite's
+# session (every warehouse opened with engine "auto" is then a delta-spark one), a warehouse crossing engines
+# (delta-rs -> delta-spark -> delta-rs), and vacuum on delta-spark. About 25 minutes on 2 cores: Delta runs its own
+# Spark jobs for every snapshot and commit.
+DELTA_SPARK_TIER := tests/test_storage.py tests/test_exchange_job.py tests/test_exchange_events.py \
+	tests/test_persistent_cluster.py tests/test_incremental_inputs.py tests/test_bad_input.py \
+	tests/test_delta_spark.py::test_a_warehouse_crossing_engines_rs_spark_rs_commits_what_one_engine_commits
 storage-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow tests/test_delta_spark.py --durations=5
+	REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q $(XDIST) $(DELTA_SPARK_TIER) --durations=10
+
+# The exchange scenarios once more under Spark Connect (spark.api.mode=connect: a local Connect server, the
+# suite's session a Connect client, as on Databricks serverless). CI runs it. SPARK_TESTING: each test worker's
+# local server on a free port (pyspark's own tests do the same; without it every local server wants port 15002).
+connect-slow: $(STAMP)
+	SPARK_TESTING=1 REBALANCER_TEST_API_MODE=connect $(PY) -m pytest -q $(XDIST) tests/test_exchange_job.py --durations=5
 
 # Hazelcast's parallel-migrations benchmark on real Hazelcast at 20,000 partitions, against our planner.
 bench-interop: $(STAMP)

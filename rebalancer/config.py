@@ -37,6 +37,9 @@ class SparkSettings(_Strict):
     shuffle_partitions: int = Field(8, ge=1)
     driver_memory: str = Field("4g", pattern=r"^[0-9]+[kmgtKMGT]?$")
     adaptive: bool = False
+    # classic: a JVM SparkContext in this process. connect: a local Spark Connect server and a Connect client
+    # session, as on Databricks serverless and shared clusters (no SparkContext on any path rebalancer uses).
+    api_mode: Literal["classic", "connect"] = "classic"
 
 
 class AffinitySettings(_Strict):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -82,6 +83,7 @@ def get_spark(
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = (
         SparkSession.builder.master(settings.master)
+        .config("spark.api.mode", settings.api_mode)
         .appName(settings.app_name)
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
         .config("spark.driver.memory", settings.driver_memory)
@@ -91,6 +93,11 @@ def get_spark(
             **(delta_jars.session_conf() if delta else {}), **(extra_conf or {})}
     for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    with warnings.catch_warnings():
+        # A local Connect server starts with every setting above; the client then re-sends them as runtime
+        # settings and warns, once per static one, that it cannot change them: noise, not a failure.
+        warnings.filterwarnings("ignore", message="Failed to set spark", category=UserWarning)
+        spark = builder.getOrCreate()
+    if settings.api_mode == "classic":  # a Connect server logs through log4j2.properties (no SparkContext here)
+        spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -21,6 +21,15 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# The storage engine the suite's warehouses use: delta-rs by default; `make storage-slow` runs the storage, exchange
+# scenario, crash and concurrency tests again with REBALANCER_TEST_ENGINE=delta-spark (the session then carries the
+# Delta jars, so every warehouse opened with engine "auto" is a delta-spark one).
+TEST_ENGINE = os.environ.get("REBALANCER_TEST_ENGINE", "delta-rs")
+# The Spark API the suite's session speaks: classic by default; CI runs the exchange scenarios once more with
+# REBALANCER_TEST_API_MODE=connect (a local Spark Connect server, as on Databricks serverless).
+TEST_API_MODE = os.environ.get("REBALANCER_TEST_API_MODE", "classic")
+delta_rs_only = pytest.mark.skipif(TEST_ENGINE != "delta-rs", reason="about the delta-rs engine's own commit protocol")
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
@@ -29,7 +38,12 @@ def spark() -> Iterator[object]:
 
     session = get_spark(
         SparkSettings(
-            master="local[2]", shuffle_partitions=2, driver_memory="2g", app_name="rebalancer-tests", adaptive=False
+            master="local[2]",
+            shuffle_partitions=2,
+            driver_memory="2g",
+            app_name="rebalancer-tests",
+            adaptive=False,
+            api_mode=TEST_API_MODE,  # type: ignore[arg-type]
         ),
         extra_conf={
             "spark.default.parallelism": "2",
@@ -38,6 +52,7 @@ def spark() -> Iterator[object]:
             "spark.sql.codegen.wholeStage": "false",
             "spark.sql.codegen.factoryMode": "NO_CODEGEN",
         },
+        delta=TEST_ENGINE == "delta-spark",
     )
     yield session
     session.stop()

@@ -46,7 +46,31 @@ def run_story(spark: SparkSession, engine: str, warehouse: Path, catalog_prefix:
     run_exchange(spark, wh, settings)
     append_event(spark, wh, "NODE_FAILED", node_id="node1")
     run_exchange(spark, wh, settings)
-    out: dict[str, Any] = {"engine": wh.engine}
+    return {"engine": wh.engine, **committed_rows(wh)}
+
+
+def run_across(spark: SparkSession, engines: list[str], warehouse: Path) -> dict[str, Any]:
+    """Generate 4 nodes x 1 group x 16 partitions, then three exchanges (the first, node1 fails, node1 joins again),
+    exchange ``i`` on ``engines[i]`` (generate on the first): the committed rows of one warehouse that crossed
+    engines."""
+    def opened(engine: str) -> tuple[Settings, Any]:
+        settings = Settings().with_overrides(storage={"warehouse": str(warehouse), "engine": engine})
+        return settings, open_warehouse(spark, settings.storage)
+
+    settings, wh = opened(engines[0])
+    generate_into(spark, wh, settings, nodes=4, groups=1, partitions=16, backups=1, seed=3)
+    for engine, event in zip(engines, [None, "NODE_FAILED", "NODE_JOINED"], strict=True):
+        settings, wh = opened(engine)
+        assert wh.engine == engine
+        if event:
+            append_event(spark, wh, event, node_id="node1")
+        run_exchange(spark, wh, settings)
+    return committed_rows(wh)
+
+
+def committed_rows(wh: Any) -> dict[str, Any]:
+    """The rows of :data:`COMPARED`, sorted, as JSON values."""
+    out: dict[str, Any] = {}
     for name, columns in COMPARED.items():
         df = wh.read(name)
         rows = df.select(*(columns or df.columns)).collect()

@@ -20,7 +20,8 @@ from rebalancer.pipeline import run_exchange
 from rebalancer.producers import append_event
 from rebalancer.storage import open_warehouse
 from rebalancer.tables import SCHEMAS
-from tests.engine_scenario import COMPARED, run_story
+from tests.conftest import TEST_ENGINE
+from tests.engine_scenario import COMPARED, run_across, run_story
 from tests.interop.harness import once_per_session
 
 REPO = Path(__file__).resolve().parent.parent
@@ -122,6 +123,20 @@ def test_two_exchanges_racing_on_delta_spark_commit_one_version_and_one_clear_er
     assert lost["error"] == "ExchangeConflictError" and "committed by another run" in lost["message"], race
     assert "\n" not in lost["message"]
     assert [e[1:] for e in race["exchanges"]] == [[4, 0], [5, 0], [6, 0]]
+
+
+@pytest.mark.skipif(TEST_ENGINE != "delta-spark", reason="needs the Delta jars in the session: make storage-slow")
+def test_a_warehouse_crossing_engines_rs_spark_rs_commits_what_one_engine_commits(spark: Any, tmp_path: Path) -> None:
+    """Exchange 1 on delta-rs, exchange 2 (a failure) on delta-spark, exchange 3 (the node back) on delta-rs again:
+    every committed row equals a warehouse that stayed on delta-rs, and the tables stay plain Delta."""
+    across = run_across(spark, ["delta-rs", "delta-spark", "delta-rs"], tmp_path / "across")
+    alone = run_across(spark, ["delta-rs"] * 3, tmp_path / "alone")
+    for name in COMPARED:
+        assert across[name] == alone[name], name
+    assert len(across["exchanges"]) == 3 and len(across["migration_plan"]) > 0
+    for name in SCHEMAS:
+        protocol = deltalake.DeltaTable(str(tmp_path / "across" / name)).protocol()
+        assert (protocol.min_reader_version, protocol.min_writer_version) == (1, 2), name
 
 
 @pytest.mark.slow  # 3 to 9 minutes of delta-spark: CI runs it with `make storage-slow`

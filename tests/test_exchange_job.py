@@ -14,7 +14,10 @@ from typing import Any
 import pytest
 
 from rebalancer import pipeline
+from rebalancer.config import StorageSettings
 from rebalancer.pipeline import VERSIONED_TABLES
+from rebalancer.storage import open_warehouse
+from tests.conftest import TEST_API_MODE, TEST_ENGINE
 from tests.exchange_scenarios import Cluster, assert_table, run_together
 
 ASSIGNMENT = ["group_name", "partition_id", "replica_index", "node_id", "is_temporary"]
@@ -307,3 +310,11 @@ def test_stopping_the_only_group_commits_a_version_with_no_partition(spark: Any,
     for name in ("ideal_assignment", "affinity_assignment", "partition_map", "client_affinity", "partition_stamps"):
         assert c.rows(name, version) == set(), name
     assert c.rows("topology", version, "node_id") == {("n1",), ("n2",), ("n3",)}
+
+
+def test_the_scenarios_run_on_the_engine_and_spark_api_this_run_asked_for(spark: Any, tmp_path: Path) -> None:
+    """`make test` runs these scenarios on delta-rs and classic Spark, `make storage-slow` on delta-spark,
+    `make connect-slow` under Spark Connect: each run really is on what it says."""
+    connect = type(spark).__module__.startswith("pyspark.sql.connect")
+    assert connect == (TEST_API_MODE == "connect")
+    assert open_warehouse(spark, StorageSettings(), tmp_path / "w").engine == TEST_ENGINE

@@ -15,14 +15,17 @@ from __future__ import annotations
 import abc
 import datetime as dt
 import functools
+import json
 import logging
 import math
 import operator
+import os
 import random
 import re
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TypeVar
+from urllib.parse import unquote
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -120,6 +123,29 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _INTEGRAL: tuple[type[DataType], ...] = (ByteType, ShortType, IntegerType, LongType)
 # Decimal digits needed to hold every value of an integral type.
 _INTEGRAL_DIGITS: dict[type[DataType], int] = {ByteType: 3, ShortType: 5, IntegerType: 10, LongType: 20}
+
+
+def files_added_by_commit(table_dir: str, since: int | None, now: int) -> dict[int, list[str]] | None:
+    """Data files added by each commit after ``since`` (all commits when None), from the JSON commit files of a
+    table in a local directory (both engines: Delta keeps the commit that added a row only in its log).
+
+    Returns None when the window holds a ``remove`` of a file (the table was rewritten, not only appended to) or
+    a commit file is missing (cleaned up after a checkpoint): the caller then compares contents instead.
+    """
+    added: dict[int, list[str]] = {}
+    for version in range((since + 1) if since is not None else 0, now + 1):
+        path = os.path.join(table_dir, "_delta_log", f"{version:020d}.json")
+        try:
+            with open(path, encoding="utf-8") as log:
+                actions = [json.loads(line) for line in log if line.strip()]
+        except FileNotFoundError:
+            return None
+        for action in actions:
+            if "remove" in action and since is not None:
+                return None
+            if "add" in action:
+                added.setdefault(version, []).append(unquote(action["add"]["path"]))
+    return added
 
 
 def check_table_name(name: str) -> str:

@@ -65,6 +65,7 @@ from rebalancer.storage.base import (
     check_table_name,
     check_unique_keys,
     conform,
+    files_added_by_commit,
     project_declared,
     quote_identifier,
     retry_on_conflict,
@@ -313,7 +314,7 @@ class DeltaRsWarehouse(Warehouse):
         snapshot = self._open(name)
         _check_readable(snapshot, name)
         now = snapshot.version()
-        added = _files_added(self.path_of(name), since, now)
+        added = files_added_by_commit(self.path_of(name), since, now)
         if added is None:  # rewritten in place, or its log was cleaned up: compare contents
             return super().changes(name, since)
         present = {f.path: f.local for f in self._files(snapshot)}
@@ -451,7 +452,7 @@ class DeltaRsWarehouse(Warehouse):
         snapshot = self._open(name)
         _check_readable(snapshot, name)
         now = snapshot.version()
-        added = _files_added(self.path_of(name), since, now)
+        added = files_added_by_commit(self.path_of(name), since, now)
         if added is None:
             return super().changes_arrow(name, since, max_rows)
         by_path = {f.path: f for f in self._files(snapshot)}
@@ -812,7 +813,7 @@ class DeltaRsWarehouse(Warehouse):
         staged = _Staged(directory=os.path.join(table_dir, relative))
         try:
             (
-                df.write.mode("errorifexists")
+                df.write.mode("error")  # "errorifexists" in classic only; Connect knows "error"
                 # Per-write options, so the session's own settings stay untouched: Delta readers expect int64
                 # microsecond timestamps (Spark's default is INT96) and the standard nested-list layout.
                 .option("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
@@ -983,28 +984,6 @@ class DeltaRsWarehouse(Warehouse):
         snapshot.create_write_transaction(
             actions, mode="append", schema=snapshot.schema(), commit_properties=properties
         )
-
-
-def _files_added(table_dir: str, since: int | None, now: int) -> dict[int, list[str]] | None:
-    """Data files added by each commit after ``since`` (all commits when None), from the JSON commit files.
-
-    Returns None when the window holds a ``remove`` of a file (the table was rewritten, not only appended to) or
-    a commit file is missing (cleaned up after a checkpoint): the caller then compares contents instead.
-    """
-    added: dict[int, list[str]] = {}
-    for version in range((since + 1) if since is not None else 0, now + 1):
-        path = os.path.join(table_dir, "_delta_log", f"{version:020d}.json")
-        try:
-            with open(path, encoding="utf-8") as log:
-                actions = [json.loads(line) for line in log if line.strip()]
-        except FileNotFoundError:
-            return None
-        for action in actions:
-            if "remove" in action and since is not None:
-                return None
-            if "add" in action:
-                added.setdefault(version, []).append(unquote(action["add"]["path"]))
-    return added
 
 
 def _matches(rows: pa.Table, where: Mapping[str, WhereValue]) -> pa.ChunkedArray | pa.Array:

@@ -5,31 +5,36 @@ warehouse directory or URI (``delta.`<dir>/<name>```), or, with ``storage.catalo
 catalog tables ``catalog.schema.<name>`` (Unity Catalog).
 
 Every write is one Delta commit made by Delta itself: ``append``; ``replace_where`` as an overwrite with the
-``replaceWhere`` option (atomic, and Delta checks that every new row satisfies the predicate); ``merge`` as
-``DeltaTable.merge`` (when matched update all, when not matched insert all). Delta raises its
+``replaceWhere`` option (atomic, and Delta checks that every new row satisfies the predicate); ``merge`` as SQL
+``MERGE INTO`` (when matched update all, when not matched insert all). Delta raises its
 ``ConcurrentModificationException`` family when a commit loses a race; the write is then re-run from the start, up
-to ``storage.commit_retries`` times. Tables are created with ``DeltaTable.createIfNotExists`` at protocol 1/2 and
-without deletion vectors, so the same directory stays readable by the delta-rs engine.
+to ``storage.commit_retries`` times. Tables are created by ``CREATE TABLE ... USING DELTA`` at protocol 1/2 and
+without deletion vectors, so the same directory stays readable by the delta-rs engine. Delta's commands are SQL
+text, never delta-spark's Python ``DeltaTable``, so the engine runs the same on classic sessions and on Spark
+Connect.
 
-The Delta jars cannot be loaded in the development environment of this project (no Maven access), so this module is
-exercised there only through its pure helpers; see docs/STORAGE.md for what is untested.
+Tested on local Spark with the Delta jars fetched at install: the storage contract, exchange scenarios, crash
+points and concurrency tests run on this engine too (``make storage-slow``; docs/STORAGE.md).
 """
 
 from __future__ import annotations
 
 import contextlib
 import posixpath
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from rebalancer import tables
 from rebalancer.storage.base import (
+    COMMIT_COLUMN,
     TABLE_PROPERTIES,
+    TableChanges,
     Warehouse,
     WhereValue,
     check_contract_name,
@@ -37,6 +42,7 @@ from rebalancer.storage.base import (
     check_table_name,
     check_unique_keys,
     conform,
+    files_added_by_commit,
     merge_condition,
     project_declared,
     quote_identifier,
@@ -72,6 +78,9 @@ _CONFLICT_MARKERS = (
     "DELTA_METADATA_CHANGED",
     "DELTA_PROTOCOL_CHANGED",
 )
+
+
+_FILE = "__rebalancer_file"  # a row's data file, joined to the commit that added it
 
 
 def is_delta_conflict(exc: BaseException) -> bool:
@@ -229,50 +238,40 @@ class DeltaSparkWarehouse(Warehouse):
     def _reference(self, name: str) -> str:
         return table_reference(name, None if self.catalog_prefix else self.path_of(name), self.catalog_prefix)
 
-    def _delta_table(self, name: str) -> Any:
-        from delta.tables import DeltaTable
-
-        if self.catalog_prefix:
-            return DeltaTable.forName(self.spark, self.path_of(name))
-        return DeltaTable.forPath(self.spark, self.path_of(name))
-
+    # Delta's commands run as SQL, not through delta-spark's Python DeltaTable: the same text works on a classic
+    # session and on Spark Connect (where DeltaTable needs Delta's own Connect plugin on the server).
     def exists(self, name: str) -> bool:
-        from delta.tables import DeltaTable
-
         if self.catalog_prefix:
             return bool(self.spark.catalog.tableExists(self.path_of(name)))
-        return bool(DeltaTable.isDeltaTable(self.spark, self.path_of(name)))
+        try:
+            _ = self.spark.read.format("delta").load(self.path_of(name)).schema  # resolves the log, runs no job
+        except Exception as exc:
+            text = str(exc)
+            if "DELTA_MISSING_DELTA_TABLE" in text or "PATH_NOT_FOUND" in text or "is not a Delta table" in text:
+                return False
+            raise
+        return True
 
     def create_tables(self, names: Iterable[str] | None = None) -> list[str]:
-        from delta.tables import DeltaTable
-
         chosen = list(tables.SCHEMAS) if names is None else [check_contract_name(n) for n in names]
         created: list[str] = []
+        properties = ", ".join(f"{sql_literal(k)} = {sql_literal(v)}" for k, v in TABLE_PROPERTIES.items())
         for name in chosen:
             if self.exists(name):
                 continue
-            if self.catalog_prefix:
-                # SQL, not DeltaTableBuilder.tableName: the builder parses at most database.table, and Unity Catalog
-                # names are catalog.schema.table
-                columns = ", ".join(
-                    f"{quote_identifier(f.name)} {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
-                    for f in tables.SCHEMAS[name].fields)
-                properties = ", ".join(f"{sql_literal(k)} = {sql_literal(v)}" for k, v in TABLE_PROPERTIES.items())
-                self.spark.sql(f"CREATE TABLE IF NOT EXISTS {self._reference(name)} ({columns}) USING DELTA "
-                               f"TBLPROPERTIES ({properties})")
-                created.append(name)
-                continue
-            builder = DeltaTable.createIfNotExists(self.spark).location(self.path_of(name))
-            builder = builder.addColumns(tables.SCHEMAS[name])
-            for key, value in TABLE_PROPERTIES.items():
-                builder = builder.property(key, value)
-            builder.execute()
+            columns = ", ".join(
+                f"{quote_identifier(f.name)} {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
+                for f in tables.SCHEMAS[name].fields
+            )
+            self.spark.sql(f"CREATE TABLE IF NOT EXISTS {self._reference(name)} ({columns}) USING DELTA "
+                           f"TBLPROPERTIES ({properties})")
             created.append(name)
         return created
 
     def table_version(self, name: str) -> int:
         self._require(name)
-        return int(self._delta_table(name).history(1).select("version").first()[0])
+        [newest] = self.spark.sql(f"DESCRIBE HISTORY {self._reference(name)} LIMIT 1").select("version").collect()
+        return int(newest[0])
 
     # ---- reads ----
     def _load(self, name: str, version: int | None) -> DataFrame:
@@ -302,6 +301,26 @@ class DeltaSparkWarehouse(Warehouse):
 
     def read_raw(self, name: str) -> DataFrame:
         return self._load(name, None)
+
+    def changes(self, name: str, since: int | None) -> TableChanges:
+        """As on delta-rs: each new row of an append-only table carries the version of the commit that added it (a
+        local path table's log names the files each commit added; Spark tells each row's file). Tables rewritten
+        in the window, catalog tables and remote warehouses get the content comparison of the base class."""
+        directory = None if self.catalog_prefix else _local_directory(self.path_of(name))
+        now = self.table_version(name)
+        added = None
+        if directory is not None and (since is None or since < now):
+            added = files_added_by_commit(directory, since, now)
+        if added is None:
+            return super().changes(name, since)
+        commit_of = [(posixpath.basename(path), version) for version, paths in added.items() for path in paths]
+        if not commit_of:
+            return TableChanges(self.read_raw(name).limit(0).withColumn(COMMIT_COLUMN, F.lit(now).cast("bigint")),
+                                now, known_empty=True)
+        files = self.spark.createDataFrame(commit_of, f"`{_FILE}` string, `{COMMIT_COLUMN}` bigint")
+        rows = (self.read_raw(name).withColumn(_FILE, F.col("_metadata.file_name"))
+                .join(F.broadcast(files), _FILE).drop(_FILE))
+        return TableChanges(rows, now)
 
     # ---- writes ----
     def _stored(self, name: str) -> tuple[StructType, set[str]]:
@@ -354,7 +373,7 @@ class DeltaSparkWarehouse(Warehouse):
 
     def delete_where(self, name: str, condition: str) -> None:
         def attempt() -> None:
-            self._delta_table(name).delete(condition)
+            self.spark.sql(f"DELETE FROM {self._reference(name)} WHERE {condition}")
 
         retry_on_conflict(attempt, table=name, retries=self.commit_retries, is_conflict=is_delta_conflict)
 
@@ -366,7 +385,7 @@ class DeltaSparkWarehouse(Warehouse):
         listed = root.is_dir()  # a path table: count its data files (Delta's Python vacuum returns no count)
         files_before = _data_files(root) if listed else set()
         try:
-            self._delta_table(name).vacuum(float(retain_hours))
+            self.spark.sql(f"VACUUM {self._reference(name)} RETAIN {int(retain_hours)} HOURS").collect()
         finally:
             self.spark.conf.set(check, before)
         return len(files_before - _data_files(root)) if listed else 0
@@ -377,12 +396,16 @@ class DeltaSparkWarehouse(Warehouse):
         rows = conform(df, stored, name, optional=optional)
         check_unique_keys(rows, key_list, name)
 
+        source = f"rebalancer_merge_{uuid.uuid4().hex}"  # a view of the rows, for MERGE's SQL text
+        matched = "" if insert_only else " WHEN MATCHED THEN UPDATE SET *"
+        statement = (
+            f"MERGE INTO {self._reference(name)} AS t USING {source} AS s ON {merge_condition(key_list, 't', 's')}"
+            f"{matched} WHEN NOT MATCHED THEN INSERT *"
+        )
+
         def attempt() -> None:
             try:
-                builder = self._delta_table(name).alias("t").merge(rows.alias("s"), merge_condition(key_list, "t", "s"))
-                if not insert_only:
-                    builder = builder.whenMatchedUpdateAll()
-                builder.whenNotMatchedInsertAll().execute()
+                self.spark.sql(statement).collect()
             except Exception as exc:
                 if "MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW" in str(exc):
                     raise DuplicateKeyError(
@@ -390,7 +413,11 @@ class DeltaSparkWarehouse(Warehouse):
                     ) from None
                 raise
 
-        retry_on_conflict(attempt, table=name, retries=self.commit_retries, is_conflict=is_delta_conflict)
+        rows.createOrReplaceTempView(source)
+        try:
+            retry_on_conflict(attempt, table=name, retries=self.commit_retries, is_conflict=is_delta_conflict)
+        finally:
+            self.spark.catalog.dropTempView(source)
 
     # ---- views ----
     def _register_view(self, name: str) -> None:
@@ -424,6 +451,14 @@ class DeltaSparkWarehouse(Warehouse):
                 f"table {name} does not exist at {self.path_of(name)}; create it first (rebalancer init, or "
                 f"Warehouse.create_tables)."
             )
+
+
+def _local_directory(location: str) -> str | None:
+    """The local directory of a table location (a path or a ``file:`` URI); None for remote storage."""
+    parsed = urlparse(location)
+    if parsed.scheme == "file":
+        return parsed.path
+    return location if not parsed.scheme or len(parsed.scheme) == 1 else None
 
 
 def _data_files(root: Path) -> set[Path]:
