@@ -681,7 +681,7 @@ def main() -> None:  # noqa: C901 (a linear script)
     t_start = time.perf_counter()
     with workdir(args.workdir, args.keep) as work:
         setup: dict[str, Any] = {}
-        spark = get_spark(settings.spark, extra_conf=spark_conf)
+        spark = get_spark(settings.spark, extra_conf=spark_conf, delta=settings.storage.engine == "delta-spark")
         ctx = Context(spark, settings, work / "warehouse", work / "pristine", args.event, node, cli, args.conf,
                       spark_conf)
         if args.pristine is not None:
