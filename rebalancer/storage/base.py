@@ -782,7 +782,7 @@ class Warehouse(abc.ABC):
 
     def replace_where_arrow(self, name: str, rows: pa.Table, where: Mapping[str, WhereValue]) -> None:
         """:meth:`replace_where` for rows already on the driver."""
-        self.replace_where(name, self.spark.createDataFrame(rows, schema=tables.SCHEMAS[name]), where)
+        self.replace_where(name, self._frame(rows, name), where)
 
     def insert_absent_arrow(self, name: str, rows: pa.Table, keys: Sequence[str]) -> None:
         """Insert the rows whose ``keys`` are not in the table yet, in one commit (an insert-only :meth:`merge`).
@@ -790,7 +790,14 @@ class Warehouse(abc.ABC):
         Two concurrent calls inserting the same key insert it once: the loser's commit conflicts, and its retry
         finds the key present.
         """
-        self.merge(name, self.spark.createDataFrame(rows, schema=tables.SCHEMAS[name]), keys, insert_only=True)
+        self.merge(name, self._frame(rows, name), keys, insert_only=True)
+
+    def _frame(self, rows: pa.Table, name: str) -> DataFrame:
+        """Driver rows as a DataFrame of the table's declared schema. An empty Arrow table may hold no chunk at all
+        (delta-rs reads give such tables), which pyspark's Arrow conversion refuses: it gets an empty frame."""
+        if rows.num_rows == 0:
+            return self.spark.createDataFrame([], tables.SCHEMAS[name])
+        return self.spark.createDataFrame(rows, schema=tables.SCHEMAS[name])
 
     # ---- writes ----
     @abc.abstractmethod

@@ -20,12 +20,14 @@ points and concurrency tests run on this engine too (``make storage-slow``; docs
 from __future__ import annotations
 
 import contextlib
+import functools
 import posixpath
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlparse
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
@@ -268,7 +270,21 @@ class DeltaSparkWarehouse(Warehouse):
             created.append(name)
         return created
 
+    @functools.cached_property
+    def _driver_reader(self) -> Warehouse | None:
+        """A warehouse in a local directory: small reads on the driver by delta-rs, from the same files and log
+        (no Spark job; Delta would run a few per read: its snapshot, its file filter, a history scan). Writes stay
+        with Delta. None for catalog tables and remote storage, which Delta reads."""
+        directory = None if self.catalog_prefix or self.root is None else _local_directory(self.root)
+        if directory is None:
+            return None
+        from rebalancer.storage.delta_rs import DeltaRsWarehouse
+
+        return DeltaRsWarehouse(self.spark, directory, commit_retries=self.commit_retries)
+
     def table_version(self, name: str) -> int:
+        if self._driver_reader is not None:
+            return self._driver_reader.table_version(name)
         self._require(name)
         [newest] = self.spark.sql(f"DESCRIBE HISTORY {self._reference(name)} LIMIT 1").select("version").collect()
         return int(newest[0])
@@ -301,6 +317,20 @@ class DeltaSparkWarehouse(Warehouse):
 
     def read_raw(self, name: str) -> DataFrame:
         return self._load(name, None)
+
+    def read_arrow(
+        self, name: str, where: Mapping[str, WhereValue] | None = None, version: int | None = None
+    ) -> pa.Table:
+        if self._driver_reader is not None:
+            return self._driver_reader.read_arrow(name, where=where, version=version)
+        return super().read_arrow(name, where=where, version=version)
+
+    def changes_arrow(
+        self, name: str, since: int | None, max_rows: int | None = None
+    ) -> tuple[pa.Table | None, int]:
+        if self._driver_reader is not None:
+            return self._driver_reader.changes_arrow(name, since, max_rows)
+        return super().changes_arrow(name, since, max_rows)
 
     def changes(self, name: str, since: int | None) -> TableChanges:
         """As on delta-rs: each new row of an append-only table carries the version of the commit that added it (a
