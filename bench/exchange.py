@@ -81,9 +81,11 @@ except ModuleNotFoundError:
     sys.path.insert(0, str(REPO))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
+sys.path.insert(0, str(REPO))  # the bench package (bench/repo.py)
 import pyarrow.compute as pc  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
+from bench.repo import git  # noqa: E402
 from rebalancer.config import Settings, load_settings  # noqa: E402
 from rebalancer.operations import append_event  # noqa: E402
 from rebalancer.pipeline import STAGES, VERSIONED_TABLES, ExchangeSummary, run_exchange  # noqa: E402
@@ -561,13 +563,6 @@ def machine_info(spark: SparkSession, warehouse: Warehouse) -> dict[str, Any]:
         "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions"),
         "driver_memory": conf.get("spark.driver.memory"),
     }
-
-
-def git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
 
 
 @contextlib.contextmanager

@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,11 +25,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-try:  # running from a checkout without `pip install -e .`
-    import rebalancer  # noqa: F401
-except ModuleNotFoundError:
-    sys.path.insert(0, str(REPO))
-
+sys.path.insert(0, str(REPO))  # the bench package (bench/repo.py), and rebalancer from a checkout not installed
+from bench.repo import git  # noqa: E402
 from rebalancer.config import Settings  # noqa: E402
 from rebalancer.operations import generate_into, vacuum_warehouse  # noqa: E402
 from rebalancer.pipeline import VERSIONED_TABLES, run_exchange  # noqa: E402
@@ -42,10 +38,6 @@ from rebalancer.storage import open_warehouse  # noqa: E402
 def table_bytes(root: Path) -> dict[str, int]:
     return {name: sum(f.stat().st_size for f in (root / name).rglob("*.parquet") if "_delta_log" not in f.parts)
             for name in VERSIONED_TABLES}
-
-
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
 def main() -> None:

@@ -66,6 +66,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the bench package (bench/repo.py)
+
+from bench.repo import git  # noqa: E402
+
 RESULTS = REPO / "bench" / "results"
 BEFORE = RESULTS / "before-kernel.json"
 NOTES = RESULTS / "targets-notes.md"
@@ -287,13 +291,6 @@ def shown(path: Path) -> str:
     """A path relative to the repository root when it is inside it."""
     resolved = path.resolve()
     return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(path)
-
-
-def git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
 
 
 def machine_facts() -> dict[str, Any]:

@@ -41,6 +41,8 @@ except ModuleNotFoundError:
     sys.path.insert(0, str(REPO))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
+sys.path.insert(0, str(REPO))  # the bench package (bench/repo.py)
+from bench.repo import git  # noqa: E402
 from rebalancer.config import Settings  # noqa: E402
 from rebalancer.session import get_spark  # noqa: E402
 from rebalancer.storage import open_warehouse  # noqa: E402
@@ -53,10 +55,6 @@ def cli(warehouse: Path, *args: str) -> float:
     t0 = time.perf_counter()
     subprocess.run([*CLI, "--warehouse", str(warehouse), *args], check=True, capture_output=True, text=True)
     return time.perf_counter() - t0
-
-
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
 def main() -> None:
