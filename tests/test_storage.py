@@ -59,7 +59,14 @@ from rebalancer.storage import (
     open_warehouse,
     resolve_engine,
 )
-from rebalancer.storage.base import can_store, merge_condition, retry_on_conflict, sql_literal, where_sql
+from rebalancer.storage.base import (
+    can_store,
+    local_directory,
+    merge_condition,
+    retry_on_conflict,
+    sql_literal,
+    where_sql,
+)
 from rebalancer.storage.delta_rs import file_may_match
 from rebalancer.storage.delta_spark import (
     DeltaSparkWarehouse,
@@ -674,6 +681,13 @@ def test_sql_text_for_delta_spark_runs_in_spark(spark: SparkSession, tmp_path: P
     spark.sql(view_sql("nodes_view", f"parquet.`{directory}`", tables.NODES))
     assert spark.table("nodes_view").schema == tables.NODES
     assert spark.table("nodes_view").count() == 3
+
+
+def test_local_directory_of_paths_and_file_uris_and_none_for_remote_storage(tmp_path: Path) -> None:
+    assert local_directory(tmp_path / "w") == str(tmp_path / "w")
+    assert local_directory(f"file://{tmp_path}/my%20warehouse") == str(tmp_path / "my warehouse")
+    assert local_directory("relative") == str(Path.cwd() / "relative")
+    assert local_directory("s3://bucket/w") is None and local_directory("dbfs:/w") is None
 
 
 def test_delta_spark_references_and_conflict_recognition() -> None:

@@ -24,8 +24,9 @@ import random
 import re
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TypeVar
-from urllib.parse import unquote
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -123,6 +124,18 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _INTEGRAL: tuple[type[DataType], ...] = (ByteType, ShortType, IntegerType, LongType)
 # Decimal digits needed to hold every value of an integral type.
 _INTEGRAL_DIGITS: dict[type[DataType], int] = {ByteType: 3, ShortType: 5, IntegerType: 10, LongType: 20}
+
+
+def local_directory(location: str | Path) -> str | None:
+    """The absolute local directory of a path (relative to the working directory, or absolute) or a ``file:`` URI;
+    None for a remote URI (s3://, abfss://, dbfs:/ ...). The directory need not exist."""
+    text = str(location)
+    parsed = urlparse(text)
+    if parsed.scheme == "file":
+        text = unquote(parsed.path)
+    elif parsed.scheme and len(parsed.scheme) > 1:  # one letter is a Windows drive, not a scheme
+        return None
+    return str(Path(text).expanduser().resolve())
 
 
 def files_added_by_commit(table_dir: str, since: int | None, now: int) -> dict[int, list[str]] | None:

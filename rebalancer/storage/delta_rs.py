@@ -66,6 +66,7 @@ from rebalancer.storage.base import (
     check_unique_keys,
     conform,
     files_added_by_commit,
+    local_directory,
     project_declared,
     quote_identifier,
     retry_on_conflict,
@@ -106,16 +107,13 @@ def local_root(warehouse: str | Path) -> str:
     Raises:
         UnsupportedTableError: the warehouse is a remote URI (s3://, abfss://, dbfs:/ ...).
     """
-    text = str(warehouse)
-    parsed = urlparse(text)
-    if parsed.scheme == "file":
-        text = unquote(parsed.path)
-    elif parsed.scheme and len(parsed.scheme) > 1:  # one letter is a Windows drive, not a scheme
+    directory = local_directory(warehouse)
+    if directory is None:
         raise UnsupportedTableError(
-            f"the delta-rs engine keeps its warehouse in a local directory, not {text}; use storage.engine = "
+            f"the delta-rs engine keeps its warehouse in a local directory, not {warehouse}; use storage.engine = "
             f"'delta-spark' for object stores and Unity Catalog."
         )
-    return str(Path(text).expanduser().resolve())
+    return directory
 
 
 def file_stats(metadata: pq.FileMetaData, schema: StructType) -> dict[str, Any]:

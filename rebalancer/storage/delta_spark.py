@@ -45,6 +45,7 @@ from rebalancer.storage.base import (
     check_unique_keys,
     conform,
     files_added_by_commit,
+    local_directory,
     merge_condition,
     project_declared,
     quote_identifier,
@@ -275,7 +276,7 @@ class DeltaSparkWarehouse(Warehouse):
         """A warehouse in a local directory: small reads on the driver by delta-rs, from the same files and log
         (no Spark job; Delta would run a few per read: its snapshot, its file filter, a history scan). Writes stay
         with Delta. None for catalog tables and remote storage, which Delta reads."""
-        directory = None if self.catalog_prefix or self.root is None else _local_directory(self.root)
+        directory = None if self.catalog_prefix or self.root is None else local_directory(self.root)
         if directory is None:
             return None
         from rebalancer.storage.delta_rs import DeltaRsWarehouse
@@ -336,7 +337,7 @@ class DeltaSparkWarehouse(Warehouse):
         """As on delta-rs: each new row of an append-only table carries the version of the commit that added it (a
         local path table's log names the files each commit added; Spark tells each row's file). Tables rewritten
         in the window, catalog tables and remote warehouses get the content comparison of the base class."""
-        directory = None if self.catalog_prefix else _local_directory(self.path_of(name))
+        directory = None if self.catalog_prefix else local_directory(self.path_of(name))
         now = self.table_version(name)
         added = None
         if directory is not None and (since is None or since < now):
@@ -481,14 +482,6 @@ class DeltaSparkWarehouse(Warehouse):
                 f"table {name} does not exist at {self.path_of(name)}; create it first (rebalancer init, or "
                 f"Warehouse.create_tables)."
             )
-
-
-def _local_directory(location: str) -> str | None:
-    """The local directory of a table location (a path or a ``file:`` URI); None for remote storage."""
-    parsed = urlparse(location)
-    if parsed.scheme == "file":
-        return parsed.path
-    return location if not parsed.scheme or len(parsed.scheme) == 1 else None
 
 
 def _data_files(root: Path) -> set[Path]:
