@@ -91,7 +91,7 @@ from rebalancer.operations import append_event  # noqa: E402
 from rebalancer.pipeline import STAGES, VERSIONED_TABLES, ExchangeSummary, run_exchange  # noqa: E402
 from rebalancer.planning.plan import cost_model  # noqa: E402
 from rebalancer.planning.schedule import POLICIES, lower_bound, makespan, schedule  # noqa: E402
-from rebalancer.session import get_spark  # noqa: E402
+from rebalancer.session import get_spark, wants_delta_jars  # noqa: E402
 from rebalancer.storage import Warehouse, open_warehouse  # noqa: E402
 
 EVENTS = ("NODE_FAILED", "NODE_LEFT", "NODE_JOINED")
@@ -676,7 +676,7 @@ def main() -> None:  # noqa: C901 (a linear script)
     t_start = time.perf_counter()
     with workdir(args.workdir, args.keep) as work:
         setup: dict[str, Any] = {}
-        spark = get_spark(settings.spark, extra_conf=spark_conf, delta=settings.storage.engine == "delta-spark")
+        spark = get_spark(settings.spark, extra_conf=spark_conf, delta=wants_delta_jars(settings.storage))
         ctx = Context(spark, settings, work / "warehouse", work / "pristine", args.event, node, cli, args.conf,
                       spark_conf)
         if args.pristine is not None:

@@ -82,6 +82,7 @@ IMAGES = REPO / "docs" / "images"
 TIME_PLOT = "bench-time-vs-replicas.png"
 CAP_PLOT = "bench-makespan-vs-cap.png"
 HAZELCAST_CONF = "bench/conf/hazelcast.toml"
+DELTA_RS_CONF = "bench/conf/delta-rs.toml"  # the kernel targets are measured on delta-rs (auto: delta-spark)
 SEED = 20_261_121
 CAPS = (1, 2, 5, 10, 20)
 SCENARIO_ORDER = ("S", "M", "L", "XL", "XXL")
@@ -113,7 +114,7 @@ class Change:
     backups: int
     event: str
     node: str
-    conf: str | None = None
+    conf: str | None = DELTA_RS_CONF
     caps: tuple[int, ...] = ()
     seed: int = SEED
 

@@ -77,7 +77,7 @@ def _global_options(
         settings = settings.with_overrides(storage={"warehouse": warehouse})
     if strict:
         settings = settings.with_overrides(validation={"strict": True})
-    ctx.obj = Workspace(settings, starting=step)
+    ctx.obj = Workspace(settings, starting=step, announce=lambda text: err_console.print(f"[dim]{text}[/dim]"))
 
 
 @app.command()

@@ -15,9 +15,9 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from rebalancer import delta_jars
-from rebalancer.config import SparkSettings
+from rebalancer.config import SparkSettings, StorageSettings
 
-__all__ = ["CLASS_ARCHIVE", "LOCAL_SPARK_CONF", "get_spark", "java_options"]
+__all__ = ["CLASS_ARCHIVE", "LOCAL_SPARK_CONF", "get_spark", "java_options", "wants_delta_jars"]
 
 _LOG4J = Path(__file__).with_name("log4j2.properties")
 # C1-only JIT starts fast (FIELD-NOTES), but its default 48 MB code cache fills up in a long session (a twin run
@@ -55,6 +55,12 @@ LOCAL_SPARK_CONF: dict[str, str] = {
     "spark.executor.extraJavaOptions": _JAVA_OPTIONS,
     "spark.sql.execution.arrow.pyspark.enabled": "true",
 }
+
+
+def wants_delta_jars(storage: StorageSettings) -> bool:
+    """Whether a session rebalancer builds for these storage settings carries the Delta jars: for ``auto`` (which
+    then picks delta-spark whenever the install fetched them) and ``delta-spark``; not for ``delta-rs``."""
+    return storage.engine != "delta-rs"
 
 
 def get_spark(

@@ -23,6 +23,7 @@ class Workspace:
 
     settings: Settings
     starting: Callable[[str], AbstractContextManager[None]] = field(default=lambda _label: nullcontext(), repr=False)
+    announce: Callable[[str], None] = field(default=lambda _text: None, repr=False)
     _spark: Any = field(default=None, repr=False)
     _warehouse: Any = field(default=None, repr=False)
 
@@ -31,19 +32,20 @@ class Workspace:
         """The active SparkSession, or a new one from ``settings.spark``."""
         if self._spark is None:
             with self.starting("starting Spark"):
-                from rebalancer.session import get_spark
+                from rebalancer.session import get_spark, wants_delta_jars
 
-                # The Delta jars go into sessions rebalancer builds only when the delta-spark engine is asked for.
-                self._spark = get_spark(self.settings.spark, delta=self.settings.storage.engine == "delta-spark")
+                self._spark = get_spark(self.settings.spark, delta=wants_delta_jars(self.settings.storage))
         return self._spark
 
     @property
     def warehouse(self) -> Any:
         """The warehouse of ``settings.storage`` (its engine chosen then)."""
         if self._warehouse is None:
-            from rebalancer.storage import open_warehouse
+            from rebalancer.storage import engine_reason, open_warehouse
 
             self._warehouse = open_warehouse(self.spark, self.settings.storage)
+            self.announce(f"storage engine {self._warehouse.engine}: "
+                          f"{engine_reason(self.settings.storage, self._warehouse.engine)}")
         return self._warehouse
 
     @classmethod

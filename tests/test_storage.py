@@ -44,6 +44,7 @@ from pyspark.sql.types import (
 
 from rebalancer import tables
 from rebalancer.config import StorageSettings
+from rebalancer.session import wants_delta_jars
 from rebalancer.storage import (
     ConcurrentWriteError,
     DuplicateKeyError,
@@ -59,6 +60,7 @@ from rebalancer.storage import (
     open_warehouse,
     resolve_engine,
 )
+from rebalancer.storage import engine as engine_module
 from rebalancer.storage.base import (
     can_store,
     local_directory,
@@ -75,7 +77,7 @@ from rebalancer.storage.delta_spark import (
     view_sql,
     warehouse_uri,
 )
-from rebalancer.storage.engine import delta_classes_available, probe_delta_format
+from rebalancer.storage.engine import delta_classes_available, engine_reason, probe_delta_format
 from tests.conftest import TEST_ENGINE, delta_rs_only
 
 UTC = dt.UTC
@@ -167,6 +169,23 @@ def test_auto_engine_is_delta_rs_when_delta_jars_are_absent(spark: SparkSession,
     wh = open_warehouse(spark, StorageSettings(), warehouse_dir)
     assert wh.engine == "delta-rs"
     assert wh.location == str(warehouse_dir.resolve())
+
+
+def test_sessions_rebalancer_builds_carry_delta_for_auto_and_the_cli_says_why_an_engine_was_chosen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # auto (the default) and delta-spark get the fetched jars, so auto runs on delta-spark wherever they were fetched
+    assert wants_delta_jars(StorageSettings()) and wants_delta_jars(StorageSettings(engine="delta-spark"))
+    assert not wants_delta_jars(StorageSettings(engine="delta-rs"))
+    assert engine_reason(StorageSettings(engine="delta-rs"), "delta-rs") == "storage.engine = 'delta-rs'"
+    assert engine_reason(StorageSettings(), "delta-spark") == (
+        "storage.engine = 'auto' and the Delta jars are in the Spark session"
+    )
+    monkeypatch.setattr(engine_module, "jars", lambda: [])
+    assert engine_reason(StorageSettings(), "delta-rs") == (
+        "storage.engine = 'auto' and the Delta jars are not in the Spark session (none were fetched here: "
+        "`python -m rebalancer.delta_jars` fetches them)"
+    )
 
 
 @without_delta_jars
@@ -550,6 +569,32 @@ def test_a_lost_commit_race_is_replanned_and_retried(
     assert [r.node_id for r in wh.read("topology").collect()] == ["mine"]
     operations = [h.get("rebalancerOperation") for h in DeltaTable(wh.path_of("topology")).history()]
     assert operations[:2] == ["replace_where `topology_major` = 1"] * 2  # the rival's commit, then ours
+
+
+@pytest.mark.skipif(TEST_ENGINE != "delta-spark", reason="about the delta-spark engine's guarded rewrites")
+def test_delta_spark_never_loses_or_doubles_a_rewrite_a_rival_overtakes(
+    spark: SparkSession, warehouse_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A new version is written as a guarded append (docs/STORAGE.md). Here a rival rewrites the same version
+    # between our look at the table and Delta's own snapshot: Delta skips our write (same transaction version),
+    # which must be noticed and re-planned as a replace, never left silently unwritten nor appended twice.
+    wh, rival = _open(spark, warehouse_dir), _open(spark, warehouse_dir)
+    wh.create_tables(["topology"])
+    wh.append("topology", _topology(spark, 1, ["old"]))
+    real_save, saves = wh._save, []  # type: ignore[attr-defined]
+
+    def overtaken_save(*args: Any, **kwargs: Any) -> None:
+        saves.append(args[2])  # the save mode: append (fresh version) or overwrite (replaceWhere)
+        if len(saves) == 1:
+            rival.replace_where("topology", _topology(spark, 2, ["rival"]), {"topology_major": 2})
+        real_save(*args, **kwargs)
+
+    monkeypatch.setattr(wh, "_save", overtaken_save)
+    wh.replace_where("topology", _topology(spark, 2, ["mine"]), {"topology_major": 2})
+    assert saves == ["append", "overwrite"]  # skipped by Delta, noticed, re-planned against the rival's rows
+    assert sorted((r.topology_major, r.node_id) for r in wh.read("topology").collect()) == [(1, "old"), (2, "mine")]
+    with pytest.raises(WhereMismatchError):  # the append path checks its rows against the where too
+        wh.replace_where("topology", _topology(spark, 4, ["stray"]), {"topology_major": 3})
 
 
 @delta_rs_only

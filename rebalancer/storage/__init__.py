@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 
 from rebalancer.config import StorageSettings
 from rebalancer.storage.base import ENGINES, TABLE_PROPERTIES, Warehouse, WhereValue
-from rebalancer.storage.engine import delta_classes_available, resolve_engine
+from rebalancer.storage.engine import delta_classes_available, engine_reason, resolve_engine
 from rebalancer.storage.errors import (
     ConcurrentWriteError,
     DuplicateKeyError,
@@ -54,6 +54,7 @@ __all__ = [
     "WhereMismatchError",
     "WhereValue",
     "delta_classes_available",
+    "engine_reason",
     "open_warehouse",
     "resolve_engine",
 ]

@@ -76,7 +76,10 @@ __all__ = [
     "merge_condition",
     "project_declared",
     "quote_identifier",
+    "WHERE_MARKER",
+    "guard_where",
     "retry_on_conflict",
+    "transaction_app",
     "sql_literal",
     "where_predicate",
     "where_sql",
@@ -548,6 +551,24 @@ def backoff_seconds(attempt: int) -> float:
     The jitter keeps two writers that collided from colliding again in lockstep.
     """
     return min(2.0, 0.05 * 2**attempt) * (0.5 + random.random())
+
+
+#: Marks the error a row outside a ``replace_where``'s ``where`` raises while it is written (:func:`guard_where`).
+WHERE_MARKER = "rebalancer-where-mismatch"
+
+
+def guard_where(rows: DataFrame, where: Mapping[str, WhereValue], predicate: Column, name: str) -> DataFrame:
+    """Make the write itself fail on a row outside ``where`` (no extra Spark job: the check runs while writing)."""
+    key = next(iter(where))
+    message = f"{WHERE_MARKER}: a row written to {name} does not satisfy {where_sql(where)}"
+    checked = F.when(predicate, F.col(quote_identifier(key))).otherwise(F.raise_error(F.lit(message)))
+    return rows.withColumn(key, checked)
+
+
+def transaction_app(name: str) -> str:
+    """The Delta application transaction id (``txn`` action) that every rewrite of table ``name`` records, with
+    the table version it planned from plus one: two rewrites planned from one version conflict (both engines)."""
+    return f"rebalancer:{name}"
 
 
 def retry_on_conflict(

@@ -57,6 +57,7 @@ from rebalancer.frames import parallelism
 from rebalancer.storage.base import (
     COMMIT_COLUMN,
     TABLE_PROPERTIES,
+    WHERE_MARKER,
     TableChanges,
     Warehouse,
     WhereValue,
@@ -66,10 +67,12 @@ from rebalancer.storage.base import (
     check_unique_keys,
     conform,
     files_added_by_commit,
+    guard_where,
     local_directory,
     project_declared,
     quote_identifier,
     retry_on_conflict,
+    transaction_app,
     where_predicate,
     where_sql,
 )
@@ -84,7 +87,6 @@ from rebalancer.storage.errors import (
 
 __all__ = ["DeltaRsWarehouse", "file_stats", "file_may_match", "local_root"]
 
-_WHERE_MARKER = "rebalancer-where-mismatch"
 _WRITTEN = pa.schema([("table", pa.int32()), ("path", pa.string()), ("rows", pa.int64())])
 _NULL_MARKER = "rebalancer-null-violation"
 _INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
@@ -362,7 +364,7 @@ class DeltaRsWarehouse(Warehouse):
         predicate = where_predicate(where, stored, name)
         rows = conform(df, stored, name, optional=_optional_columns(name, snapshot))
         if where:
-            rows = _guard_where(rows, where, predicate, name)
+            rows = guard_where(rows, where, predicate, name)
         staged = self._stage(name, rows, where=where)
         operation = f"replace_where {where_sql(where)}"
 
@@ -382,6 +384,19 @@ class DeltaRsWarehouse(Warehouse):
             )
 
         self._run_rewrite(name, staged, attempt)
+
+    def rewrite_target(self, name: str, where: Mapping[str, WhereValue]) -> tuple[int, bool]:
+        """For a rewrite another engine commits: the table's latest version, and whether any of its data files may
+        hold a row matching ``where`` (judged from the log's statistics; no data file is read)."""
+        snapshot = self._open(name)
+        return snapshot.version(), any(file_may_match(f.row, where) for f in self._files(snapshot))
+
+    def user_metadata_since(self, name: str, version: int) -> list[str]:
+        """The ``userMetadata`` of every commit of ``name`` after ``version`` (how a writer finds its own commit)."""
+        snapshot = self._open(name)
+        newer = snapshot.version() - version
+        history = snapshot.history(newer) if newer > 0 else []
+        return [str(h["userMetadata"]) for h in history if h.get("userMetadata") is not None]
 
     def delete_where(self, name: str, condition: str) -> None:
         def attempt() -> None:
@@ -529,7 +544,7 @@ class DeltaRsWarehouse(Warehouse):
             stored = _stored_schema(snapshot)
             rows = conform(frames[name], stored, name, optional=_optional_columns(name, snapshot))
             if where:
-                rows = _guard_where(rows, where, where_predicate(where, stored, name), name)
+                rows = guard_where(rows, where, where_predicate(where, stored, name), name)
             directories[name] = os.path.join(self.path_of(name), relative)
             schemas[name] = (stored, to_arrow_schema(stored, timezone="UTC"))
             tagged.append(rows.select(F.lit(i).cast("int").alias("__table"), F.struct(*rows.columns).alias(f"t{i}")))
@@ -568,7 +583,7 @@ class DeltaRsWarehouse(Warehouse):
             for s_ in staged.values():
                 s_.discard()
             text = str(exc)
-            if _WHERE_MARKER in text:
+            if WHERE_MARKER in text:
                 raise WhereMismatchError(
                     f"replace_where was given rows outside {where_sql(where)}; filter the DataFrames to those rows."
                 ) from None
@@ -821,7 +836,7 @@ class DeltaRsWarehouse(Warehouse):
         except Exception as exc:
             staged.discard()
             text = str(exc)
-            if _WHERE_MARKER in text:
+            if WHERE_MARKER in text:
                 raise WhereMismatchError(
                     f"replace_where on {name} was given rows outside {where_sql(where or {})}; filter the "
                     f"DataFrame to those rows or widen the where."
@@ -976,7 +991,7 @@ class DeltaRsWarehouse(Warehouse):
         Raises:
             CommitFailedError: a concurrent commit conflicts with this one (the caller retries).
         """
-        app = [Transaction(f"rebalancer:{name}", snapshot.version() + 1)] if guard else None
+        app = [Transaction(transaction_app(name), snapshot.version() + 1)] if guard else None
         properties = CommitProperties(custom_metadata={"rebalancerOperation": operation}, app_transactions=app)
         # The table's own schema: a different one would make delta-rs commit a metadata change.
         snapshot.create_write_transaction(
@@ -1068,14 +1083,6 @@ SPARK_WRITES_FROM_ROWS = 500_000
 def _nested(schema: StructType) -> bool:
     """Whether a column holds arrays, maps or structs."""
     return any(isinstance(f.dataType, (ArrayType, MapType, StructType)) for f in schema.fields)
-
-
-def _guard_where(rows: DataFrame, where: Mapping[str, WhereValue], predicate: Column, name: str) -> DataFrame:
-    """Make the write itself fail on a row outside ``where`` (no extra Spark job: the check runs while writing)."""
-    key = next(iter(where))
-    message = f"{_WHERE_MARKER}: a row written to {name} does not satisfy {where_sql(where)}"
-    checked = F.when(predicate, F.col(quote_identifier(key))).otherwise(F.raise_error(F.lit(message)))
-    return rows.withColumn(key, checked)
 
 
 def _in_order(df: DataFrame, schema: StructType) -> DataFrame:

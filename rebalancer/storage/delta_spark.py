@@ -5,13 +5,15 @@ warehouse directory or URI (``delta.`<dir>/<name>```), or, with ``storage.catalo
 catalog tables ``catalog.schema.<name>`` (Unity Catalog).
 
 Every write is one Delta commit made by Delta itself: ``append``; ``replace_where`` as an overwrite with the
-``replaceWhere`` option (atomic, and Delta checks that every new row satisfies the predicate); ``merge`` as SQL
-``MERGE INTO`` (when matched update all, when not matched insert all). Delta raises its
-``ConcurrentModificationException`` family when a commit loses a race; the write is then re-run from the start, up
-to ``storage.commit_retries`` times. Tables are created by ``CREATE TABLE ... USING DELTA`` at protocol 1/2 and
-without deletion vectors, so the same directory stays readable by the delta-rs engine. Delta's commands are SQL
-text, never delta-spark's Python ``DeltaTable``, so the engine runs the same on classic sessions and on Spark
-Connect.
+``replaceWhere`` option (atomic, and Delta checks that every new row satisfies the predicate), or, on a warehouse in
+a local directory whose log shows no row of the ``where`` yet, as a guarded append (two Spark jobs instead of four;
+see ``_commit_guarded``); ``merge`` as SQL ``MERGE INTO`` (when matched update all, when not matched insert all).
+On a local directory delta-rs reads the log on the driver: table versions, file lists for reads, small tables.
+Delta raises its ``ConcurrentModificationException`` family when a commit loses a race; the write is then re-run
+from the start, up to ``storage.commit_retries`` times. Tables are created by ``CREATE TABLE ... USING DELTA`` at
+protocol 1/2 and without deletion vectors, so the same directory stays readable by the delta-rs engine. Delta's
+commands are SQL text, never delta-spark's Python ``DeltaTable``, so the engine runs the same on classic sessions
+and on Spark Connect.
 
 Tested on local Spark with the Delta jars fetched at install: the storage contract, exchange scenarios, crash
 points and concurrency tests run on this engine too (``make storage-slow``; docs/STORAGE.md).
@@ -23,12 +25,13 @@ import contextlib
 import functools
 import posixpath
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlparse
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -36,6 +39,7 @@ from rebalancer import tables
 from rebalancer.storage.base import (
     COMMIT_COLUMN,
     TABLE_PROPERTIES,
+    WHERE_MARKER,
     TableChanges,
     Warehouse,
     WhereValue,
@@ -45,21 +49,29 @@ from rebalancer.storage.base import (
     check_unique_keys,
     conform,
     files_added_by_commit,
+    guard_where,
     local_directory,
     merge_condition,
     project_declared,
     quote_identifier,
     retry_on_conflict,
     sql_literal,
+    transaction_app,
     where_predicate,
     where_sql,
 )
 from rebalancer.storage.errors import (
     DuplicateKeyError,
     TableNotFoundError,
+    UnsupportedTableError,
     VersionNotFoundError,
     WhereMismatchError,
 )
+
+if TYPE_CHECKING:
+    from rebalancer.storage.delta_rs import DeltaRsWarehouse
+
+T = TypeVar("T")
 
 __all__ = ["DeltaSparkWarehouse", "is_delta_conflict", "table_reference", "view_sql", "warehouse_uri"]
 
@@ -272,7 +284,7 @@ class DeltaSparkWarehouse(Warehouse):
         return created
 
     @functools.cached_property
-    def _driver_reader(self) -> Warehouse | None:
+    def _driver_reader(self) -> DeltaRsWarehouse | None:
         """A warehouse in a local directory: small reads on the driver by delta-rs, from the same files and log
         (no Spark job; Delta would run a few per read: its snapshot, its file filter, a history scan). Writes stay
         with Delta. None for catalog tables and remote storage, which Delta reads."""
@@ -283,9 +295,20 @@ class DeltaSparkWarehouse(Warehouse):
 
         return DeltaRsWarehouse(self.spark, directory, commit_retries=self.commit_retries)
 
+    def _on_driver(self, call: Callable[[DeltaRsWarehouse], T]) -> T | None:
+        """``call`` on the driver reader; None without one, or when delta-rs cannot read the table (deletion
+        vectors, column mapping), which Delta then reads."""
+        if self._driver_reader is None:
+            return None
+        try:
+            return call(self._driver_reader)
+        except UnsupportedTableError:
+            return None
+
     def table_version(self, name: str) -> int:
-        if self._driver_reader is not None:
-            return self._driver_reader.table_version(name)
+        version = self._on_driver(lambda d: d.table_version(name))
+        if version is not None:
+            return version
         self._require(name)
         [newest] = self.spark.sql(f"DESCRIBE HISTORY {self._reference(name)} LIMIT 1").select("version").collect()
         return int(newest[0])
@@ -311,27 +334,29 @@ class DeltaSparkWarehouse(Warehouse):
     def read(
         self, name: str, version: int | None = None, where: Mapping[str, WhereValue] | None = None
     ) -> DataFrame:
+        on_driver = self._on_driver(lambda d: d.read(name, version, where))
+        if on_driver is not None:  # the same files, listed from the log by delta-rs: no Delta planning job
+            return on_driver
         raw = self._load(name, version)
         if where:  # Delta skips files by their statistics itself
             raw = raw.where(where_predicate(where, raw.schema, name))
         return project_declared(raw, tables.SCHEMAS[name], name) if name in tables.SCHEMAS else raw
 
     def read_raw(self, name: str) -> DataFrame:
-        return self._load(name, None)
+        on_driver = self._on_driver(lambda d: d.read_raw(name))
+        return on_driver if on_driver is not None else self._load(name, None)
 
     def read_arrow(
         self, name: str, where: Mapping[str, WhereValue] | None = None, version: int | None = None
     ) -> pa.Table:
-        if self._driver_reader is not None:
-            return self._driver_reader.read_arrow(name, where=where, version=version)
-        return super().read_arrow(name, where=where, version=version)
+        on_driver = self._on_driver(lambda d: d.read_arrow(name, where=where, version=version))
+        return on_driver if on_driver is not None else super().read_arrow(name, where=where, version=version)
 
     def changes_arrow(
         self, name: str, since: int | None, max_rows: int | None = None
     ) -> tuple[pa.Table | None, int]:
-        if self._driver_reader is not None:
-            return self._driver_reader.changes_arrow(name, since, max_rows)
-        return super().changes_arrow(name, since, max_rows)
+        on_driver = self._on_driver(lambda d: d.changes_arrow(name, since, max_rows))
+        return on_driver if on_driver is not None else super().changes_arrow(name, since, max_rows)
 
     def changes(self, name: str, since: int | None) -> TableChanges:
         """As on delta-rs: each new row of an append-only table carries the version of the commit that added it (a
@@ -355,7 +380,7 @@ class DeltaSparkWarehouse(Warehouse):
 
     # ---- writes ----
     def _stored(self, name: str) -> tuple[StructType, set[str]]:
-        stored = self._load(name, None).schema
+        stored = self.read_raw(name).schema
         declared = tables.SCHEMAS.get(name)
         optional = set(stored.names) - set(declared.names) if declared is not None else set()
         return stored, optional
@@ -381,26 +406,88 @@ class DeltaSparkWarehouse(Warehouse):
 
     def replace_where(self, name: str, df: DataFrame, where: Mapping[str, WhereValue]) -> None:
         stored, optional = self._stored(name)
-        where_predicate(where, stored, name)  # validates the mapping against the table
+        predicate = where_predicate(where, stored, name)  # validates the mapping against the table
         rows = conform(df, stored, name, optional=optional)
-        predicate = where_sql(where)
         # An empty where replaces everything: a plain overwrite (the table's schema is kept: no overwriteSchema).
-        options = {"replaceWhere": predicate} if where else {}
+        replace = {"replaceWhere": where_sql(where)} if where else {}
 
         def attempt() -> None:
             try:
-                self._save(rows, name, "overwrite", options)
+                target = self._on_driver(lambda d: d.rewrite_target(name, where)) if where else None
+                if target is None:
+                    self._save(rows, name, "overwrite", replace)
+                else:
+                    self._guarded_rewrite(name, rows, where, predicate, *target)
             except Exception as exc:
-                if "DELTA_REPLACE_WHERE_MISMATCH" in str(exc) or "does not conform to partial table overwrite" in str(
-                    exc
+                text = str(exc)
+                if WHERE_MARKER in text or "DELTA_REPLACE_WHERE_MISMATCH" in text or (
+                    "does not conform to partial table overwrite" in text
                 ):
                     raise WhereMismatchError(
-                        f"replace_where on {name} was given rows outside {predicate}; filter the DataFrame to those "
-                        f"rows or widen the where."
+                        f"replace_where on {name} was given rows outside {where_sql(where)}; filter the DataFrame "
+                        f"to those rows or widen the where."
                     ) from None
                 raise
 
-        retry_on_conflict(attempt, table=name, retries=self.commit_retries, is_conflict=is_delta_conflict)
+        retry_on_conflict(
+            attempt, table=name, retries=self.commit_retries,
+            is_conflict=_lost_race,
+        )
+
+    def _guarded_rewrite(
+        self, name: str, rows: DataFrame, where: Mapping[str, WhereValue], predicate: Column, version: int,
+        occupied: bool,
+    ) -> None:
+        """One attempt of a ``replace_where`` planned from table ``version`` (read by delta-rs on the driver).
+
+        Delta's replaceWhere costs three Spark jobs before it writes (the table's state, its file filter, a scan
+        for the files to rewrite). When no data file may hold a row of ``where`` (a new topology version, always,
+        unless a crashed run left some), the same commit is an append: add files, remove none; the rows are
+        checked against ``where`` while they are written.
+        """
+        if occupied:
+            self._commit_guarded(name, rows, version, "overwrite", {"replaceWhere": where_sql(where)})
+        else:
+            self._commit_guarded(name, guard_where(rows, where, predicate, name), version, "append")
+
+    def _commit_guarded(
+        self, name: str, rows: DataFrame, version: int, mode: str, options: Mapping[str, str] | None = None
+    ) -> None:
+        """Write ``rows`` in one Delta commit planned from table ``version``, as a rewrite: with the application
+        transaction ``rebalancer:<name>`` at ``version + 1``, as delta-rs's rewrites carry it. Delta then makes two
+        rewrites of one table conflict (a commit after this one started) or skips this one (a commit between our
+        look at ``version`` and Delta's own snapshot). A skipped write commits nothing and says nothing: the commit
+        carries a token in its ``userMetadata``, and a write that cannot find its token raises a conflict, so the
+        caller re-plans. Costs Delta one job before the write (its state, for the transaction ids)."""
+        token = f"rebalancer {uuid.uuid4().hex}"
+        guard = {"txnAppId": transaction_app(name), "txnVersion": str(version + 1), "userMetadata": token}
+        self._save(rows, name, mode, {**(options or {}), **guard})
+        reader = self._driver_reader
+        assert reader is not None
+        if token not in reader.user_metadata_since(name, version):
+            raise _Overtaken(f"another writer rewrote {name} after version {version}; this write was skipped")
+
+    def insert_absent_arrow(self, name: str, rows: pa.Table, keys: Sequence[str]) -> None:
+        """As on delta-rs: the keys already stored are read on the driver and the rest appended as a guarded rewrite
+        (two Spark jobs; Delta's insert-only MERGE, used without a driver reader, runs five)."""
+        reader = self._driver_reader
+        if reader is None:
+            super().insert_absent_arrow(name, rows, keys)
+            return
+        key_list = check_merge_keys(keys, self._stored(name)[0], name)
+        wanted = [tuple(r) for r in zip(*(rows.column(k).to_pylist() for k in key_list), strict=True)]
+        if len(set(wanted)) < len(wanted):
+            raise DuplicateKeyError(f"the rows inserted into {name} hold more than one row for one key; deduplicate.")
+
+        def attempt() -> None:
+            version = reader.table_version(name)
+            existing = reader.read_arrow(name, version=version).select(key_list)
+            present = set(zip(*(existing.column(k).to_pylist() for k in key_list), strict=True))
+            fresh = rows.filter(pa.array([k not in present for k in wanted], pa.bool_()))
+            if fresh.num_rows:
+                self._commit_guarded(name, self._frame(fresh, name), version, "append")
+
+        retry_on_conflict(attempt, table=name, retries=self.commit_retries, is_conflict=_lost_race)
 
     def delete_where(self, name: str, condition: str) -> None:
         def attempt() -> None:
@@ -482,6 +569,14 @@ class DeltaSparkWarehouse(Warehouse):
                 f"table {name} does not exist at {self.path_of(name)}; create it first (rebalancer init, or "
                 f"Warehouse.create_tables)."
             )
+
+
+class _Overtaken(RuntimeError):
+    """Delta skipped a rewrite because another one, planned from the same version, committed first."""
+
+
+def _lost_race(exc: BaseException) -> bool:
+    return isinstance(exc, _Overtaken) or is_delta_conflict(exc)
 
 
 def _data_files(root: Path) -> set[Path]:

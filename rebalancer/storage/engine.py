@@ -12,10 +12,12 @@ import uuid
 from pyspark.sql import SparkSession
 
 from rebalancer.config import StorageSettings
-from rebalancer.delta_jars import DELTA_ARTIFACT
+from rebalancer.delta_jars import DELTA_ARTIFACT, jars
 from rebalancer.storage.errors import EngineUnavailableError
 
-__all__ = ["DELTA_CLASS", "delta_classes_available", "install_hint", "probe_delta_format", "resolve_engine"]
+__all__ = [
+    "DELTA_CLASS", "delta_classes_available", "engine_reason", "install_hint", "probe_delta_format", "resolve_engine",
+]
 
 DELTA_CLASS = "io.delta.tables.DeltaTable"
 _EXTENSION_CONFS = (
@@ -113,3 +115,18 @@ def resolve_engine(spark: SparkSession, settings: StorageSettings) -> str:
             f"warehouse directory."
         )
     return "delta-rs"
+
+
+def engine_reason(settings: StorageSettings, engine: str) -> str:
+    """Why a warehouse uses ``engine`` (the CLI prints it): the setting that asked for it, or what ``auto`` found.
+
+    Args:
+        settings: the storage settings the warehouse was opened with.
+        engine: the engine :func:`resolve_engine` chose.
+    """
+    if settings.engine != "auto":
+        return f"storage.engine = '{settings.engine}'"
+    if engine == "delta-spark":
+        return "storage.engine = 'auto' and the Delta jars are in the Spark session"
+    fetched = "" if jars() else " (none were fetched here: `python -m rebalancer.delta_jars` fetches them)"
+    return f"storage.engine = 'auto' and the Delta jars are not in the Spark session{fetched}"
