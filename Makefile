@@ -59,8 +59,11 @@ storage-slow: $(STAMP)
 # The exchange scenarios once more under Spark Connect (spark.api.mode=connect: a local Connect server, the
 # suite's session a Connect client, as on Databricks serverless). CI runs it. SPARK_TESTING: each test worker's
 # local server on a free port (pyspark's own tests do the same; without it every local server wants port 15002).
+# Twice: on delta-rs, and on delta-spark (a Connect server with Delta's jars: Databricks serverless's case).
 connect-slow: $(STAMP)
 	SPARK_TESTING=1 REBALANCER_TEST_API_MODE=connect $(PY) -m pytest -q $(XDIST) tests/test_exchange_job.py --durations=5
+	SPARK_TESTING=1 REBALANCER_TEST_API_MODE=connect REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q $(XDIST) \
+		tests/test_exchange_job.py --durations=5
 
 # Hazelcast's parallel-migrations benchmark on real Hazelcast at 20,000 partitions, against our planner.
 bench-interop: $(STAMP)
