@@ -23,6 +23,7 @@ from chispa import assert_df_equality
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
     BooleanType,
@@ -446,6 +447,23 @@ def test_replace_where_with_empty_where_replaces_everything(spark: SparkSession,
     wh.append("topology", _topology(spark, 1, ["a", "b"]))
     wh.replace_where("topology", _topology(spark, 3, ["z"]), {})
     assert [r.node_id for r in wh.read("topology").collect()] == ["z"]
+
+
+def test_insert_absent_inserts_only_new_keys_once_and_refuses_duplicate_keys(wh: Warehouse) -> None:
+    def rows(*nodes: str) -> pa.Table:
+        return pa.Table.from_pylist(
+            [{"topology_major": 1, "topology_minor": 0, "node_id": n, "node_order": i, "is_client": False}
+             for i, n in enumerate(nodes)], schema=to_arrow_schema(tables.TOPOLOGY))
+
+    wh.insert_absent_arrow("topology", rows("a", "b"), TOPOLOGY_KEYS)
+    version = wh.table_version("topology")
+    wh.insert_absent_arrow("topology", rows("a", "b"), TOPOLOGY_KEYS)  # every key present: nothing is committed
+    assert wh.table_version("topology") == version
+    wh.insert_absent_arrow("topology", rows("b", "c"), TOPOLOGY_KEYS)
+    assert sorted((r.node_id, r.node_order) for r in wh.read("topology").collect()) == [("a", 0), ("b", 1), ("c", 1)]
+    with pytest.raises(DuplicateKeyError, match="2 rows for key"):
+        wh.insert_absent_arrow("topology", rows("d", "d"), TOPOLOGY_KEYS)
+    assert wh.table_version("topology") == version + 1
 
 
 def test_replace_where_refuses_rows_outside_its_where(spark: SparkSession, wh: Warehouse) -> None:

@@ -13,6 +13,7 @@ The helpers here hold the rules that must not differ between engines:
 from __future__ import annotations
 
 import abc
+import collections
 import datetime as dt
 import functools
 import json
@@ -77,6 +78,7 @@ __all__ = [
     "project_declared",
     "quote_identifier",
     "WHERE_MARKER",
+    "absent_rows",
     "guard_where",
     "retry_on_conflict",
     "transaction_app",
@@ -517,6 +519,32 @@ def check_merge_keys(keys: Sequence[str], schema: StructType, table: str) -> lis
     if unknown:
         raise InvalidArgumentError(f"merge into {table} uses keys the table does not have: {', '.join(unknown)}.")
     return key_list
+
+
+def absent_rows(rows: pa.Table, keys: Sequence[str], stored: pa.Table, table: str) -> pa.Table:
+    """The rows of ``rows`` whose key is not in ``stored`` (an insert-only merge, decided on the driver).
+
+    As in Delta MERGE, a row with a null key matches nothing and is kept.
+
+    Args:
+        rows: the rows to insert.
+        keys: key column names.
+        stored: the table's stored keys (at least the ``keys`` columns).
+        table: the table name, for messages.
+
+    Raises:
+        DuplicateKeyError: two of ``rows`` share a non-null key.
+    """
+    wanted = list(zip(*(rows.column(k).to_pylist() for k in keys), strict=True))
+    counts = collections.Counter(k for k in wanted if None not in k)
+    duplicate = next((k for k, n in counts.items() if n > 1), None)
+    if duplicate is not None:
+        shown = ", ".join(f"{k}={v!r}" for k, v in zip(keys, duplicate, strict=True))
+        raise DuplicateKeyError(
+            f"the rows inserted into {table} hold {counts[duplicate]} rows for key ({shown}); deduplicate them first."
+        )
+    present = set(zip(*(stored.column(k).to_pylist() for k in keys), strict=True))
+    return rows.filter(pa.array([None in k or k not in present for k in wanted], pa.bool_()))
 
 
 def check_unique_keys(df: DataFrame, keys: Sequence[str], table: str) -> None:

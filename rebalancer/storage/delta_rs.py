@@ -61,6 +61,7 @@ from rebalancer.storage.base import (
     TableChanges,
     Warehouse,
     WhereValue,
+    absent_rows,
     check_contract_name,
     check_merge_keys,
     check_table_name,
@@ -692,10 +693,7 @@ class DeltaRsWarehouse(Warehouse):
 
         def attempt() -> bool:
             latest = self._open_for_write(name)
-            existing = self.read_arrow(name).select(key_list)
-            present = set(zip(*(existing.column(k).to_pylist() for k in key_list), strict=True))
-            wanted = [tuple(r) for r in zip(*(rows.column(k).to_pylist() for k in key_list), strict=True)]
-            fresh = rows.filter(pa.array([k not in present for k in wanted], pa.bool_()))
+            fresh = absent_rows(rows, key_list, self.read_arrow(name).select(key_list), name)
             if fresh.num_rows == 0:
                 return False
             staged = self._stage_arrow(name, fresh, latest)

@@ -43,6 +43,7 @@ from rebalancer.storage.base import (
     TableChanges,
     Warehouse,
     WhereValue,
+    absent_rows,
     check_contract_name,
     check_merge_keys,
     check_table_name,
@@ -475,15 +476,10 @@ class DeltaSparkWarehouse(Warehouse):
             super().insert_absent_arrow(name, rows, keys)
             return
         key_list = check_merge_keys(keys, self._stored(name)[0], name)
-        wanted = [tuple(r) for r in zip(*(rows.column(k).to_pylist() for k in key_list), strict=True)]
-        if len(set(wanted)) < len(wanted):
-            raise DuplicateKeyError(f"the rows inserted into {name} hold more than one row for one key; deduplicate.")
 
         def attempt() -> None:
             version = reader.table_version(name)
-            existing = reader.read_arrow(name, version=version).select(key_list)
-            present = set(zip(*(existing.column(k).to_pylist() for k in key_list), strict=True))
-            fresh = rows.filter(pa.array([k not in present for k in wanted], pa.bool_()))
+            fresh = absent_rows(rows, key_list, reader.read_arrow(name, version=version).select(key_list), name)
             if fresh.num_rows:
                 self._commit_guarded(name, self._frame(fresh, name), version, "append")
 
