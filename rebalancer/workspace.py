@@ -23,6 +23,7 @@ class Workspace:
 
     settings: Settings
     starting: Callable[[str], AbstractContextManager[None]] = field(default=lambda _label: nullcontext(), repr=False)
+    # Told which storage engine the warehouse uses and why, once, when it is opened (the CLI prints it on stderr).
     announce: Callable[[str], None] = field(default=lambda _text: None, repr=False)
     _spark: Any = field(default=None, repr=False)
     _warehouse: Any = field(default=None, repr=False)

@@ -615,6 +615,22 @@ def test_delta_spark_never_loses_or_doubles_a_rewrite_a_rival_overtakes(
         wh.replace_where("topology", _topology(spark, 4, ["stray"]), {"topology_major": 3})
 
 
+@pytest.mark.skipif(TEST_ENGINE != "delta-spark", reason="about the delta-spark engine's reads through delta-rs")
+def test_delta_spark_reads_through_delta_a_table_delta_rs_cannot_read(
+    spark: SparkSession, warehouse_dir: Path
+) -> None:
+    # A user's input table with deletion vectors: delta-rs refuses it, so the driver reads fall back to Delta.
+    wh = _open(spark, warehouse_dir)
+    path = wh.path_of("site_nodes")
+    spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT) USING DELTA "
+              f"TBLPROPERTIES ('delta.enableDeletionVectors' = true)")
+    spark.sql(f"INSERT INTO delta.`{path}` VALUES (1), (2), (3)")
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id = 2")  # a deletion vector, not a rewritten file
+    assert sorted(r.id for r in wh.read("site_nodes").collect()) == [1, 3]
+    assert sorted(wh.read_arrow("site_nodes").column("id").to_pylist()) == [1, 3]
+    assert wh.table_version("site_nodes") == 2
+
+
 @delta_rs_only
 def test_exhausted_retries_raise_concurrent_write_error_and_leave_no_files(
     spark: SparkSession, warehouse_dir: Path, monkeypatch: pytest.MonkeyPatch

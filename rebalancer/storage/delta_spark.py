@@ -430,10 +430,7 @@ class DeltaSparkWarehouse(Warehouse):
                     ) from None
                 raise
 
-        retry_on_conflict(
-            attempt, table=name, retries=self.commit_retries,
-            is_conflict=_lost_race,
-        )
+        retry_on_conflict(attempt, table=name, retries=self.commit_retries, is_conflict=_lost_race)
 
     def _guarded_rewrite(
         self, name: str, rows: DataFrame, where: Mapping[str, WhereValue], predicate: Column, version: int,
@@ -478,8 +475,8 @@ class DeltaSparkWarehouse(Warehouse):
         key_list = check_merge_keys(keys, self._stored(name)[0], name)
 
         def attempt() -> None:
-            version = reader.table_version(name)
-            fresh = absent_rows(rows, key_list, reader.read_arrow(name, version=version).select(key_list), name)
+            version = self.table_version(name)
+            fresh = absent_rows(rows, key_list, self.read_arrow(name, version=version).select(key_list), name)
             if fresh.num_rows:
                 self._commit_guarded(name, self._frame(fresh, name), version, "append")
 
