@@ -932,15 +932,13 @@ class _Run:
                     wh.read("client_affinity", where=version_where(prev.version)).drop(*VERSION_COLUMNS), version
                 )
         with meter.stage("writes"):
-            wh.replace_where_arrow("topology", topology, where)
-            self.hook("after:topology")
-            replicas = sum(g.partitions * (g.backups + 1) for g in groups.values())
-            wh.replace_where_many(frames, where, committed=lambda name: self.hook(f"after:{name}"),
-                                  rows_hint=4 * replicas)  # ideal, assignment, map; versions and routing
+            outputs: dict[str, DataFrame | pa.Table] = {"topology": topology, **frames}
             for name, rows in (("counter_conflicts", small["counter_conflicts"]),
                                ("lost_partitions", small["lost_partitions"]), ("migration_plan", plan)):
-                wh.replace_where_arrow(name, small_table(name, rows), where)
-                self.hook(f"after:{name}")
+                outputs[name] = small_table(name, rows)
+            replicas = sum(g.partitions * (g.backups + 1) for g in groups.values())
+            wh.replace_where_many(outputs, where, committed=lambda name: self.hook(f"after:{name}"),
+                                  rows_hint=4 * replicas)  # ideal, assignment, map; versions and routing
         with meter.stage("stamps"):
             stamps = self._stamps(prev, version, sizes, touched)
             wh.replace_where_arrow("partition_stamps", small_table("partition_stamps", stamps), where)

@@ -11,6 +11,8 @@ import glob
 import json
 import os
 import threading
+import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -79,7 +81,7 @@ from rebalancer.storage.delta_spark import (
     warehouse_uri,
 )
 from rebalancer.storage.engine import delta_classes_available, engine_reason, probe_delta_format
-from tests.conftest import TEST_ENGINE, delta_rs_only
+from tests.conftest import TEST_API_MODE, TEST_ENGINE, delta_rs_only
 
 UTC = dt.UTC
 without_delta_jars = pytest.mark.skipif(
@@ -108,6 +110,11 @@ def wh(spark: SparkSession, warehouse_dir: Path) -> Warehouse:
 def _topology(spark: SparkSession, major: int, nodes: list[str], minor: int = 0, client: bool = False) -> DataFrame:
     rows = [(major, minor, n, i, client) for i, n in enumerate(nodes)]
     return spark.createDataFrame(rows, tables.TOPOLOGY)
+
+
+def _lost(spark: SparkSession, major: int, partitions: list[int]) -> DataFrame:
+    rows = [(major, 0, "g", p, "READ_ONLY_SAFE", True, False) for p in partitions]
+    return spark.createDataFrame(rows, tables.LOST_PARTITIONS)
 
 
 def _sample(dtype: DataType, i: int) -> Any:
@@ -860,12 +867,59 @@ def test_timing_one_million_rows(spark: SparkSession, warehouse_dir: Path) -> No
     assert wh.read("partition_map").count() == 1_150_000
 
 
+def test_commit_each_runs_commits_at_once_with_the_callers_job_group_and_stops_at_the_first_error(
+    spark: SparkSession,
+) -> None:
+    """Concurrent commits: each runs its Spark jobs under the caller's job group (so an exchange counts them),
+    ``committed`` runs on the calling thread, and after an error the commits not started are not made."""
+    from rebalancer.storage.base import commit_each
+
+    if TEST_API_MODE == "connect":
+        pytest.skip("job groups are a classic-session notion; Connect has tags")
+    sc = spark.sparkContext
+    group = f"commit-each-{uuid.uuid4().hex}"
+    threads: dict[str, int] = {}
+    callbacks: list[tuple[str, int]] = []
+
+    def commit(name: str) -> Callable[[], None]:
+        def run() -> None:
+            threads[name] = threading.get_ident()
+            spark.range(3).count()
+        return run
+
+    sc.setJobGroup(group, "test")
+    try:
+        commit_each(spark, {n: commit(n) for n in "abcd"}, 3, lambda n: callbacks.append((n, threading.get_ident())))
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    assert sorted(n for n, _ in callbacks) == list("abcd")
+    assert {t for _, t in callbacks} == {threading.get_ident()}
+    assert threading.get_ident() not in threads.values()
+    assert len(sc.statusTracker().getJobIdsForGroup(group)) >= 4  # every commit's job, under the caller's group
+
+    made: list[str] = []
+
+    def failing() -> None:
+        raise RuntimeError("disk full")
+
+    def slow(name: str) -> Callable[[], None]:
+        def run() -> None:
+            time.sleep(1.0)  # holds its worker while the failure is seen
+            made.append(name)
+        return run
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        commit_each(spark, {"bad": failing, "first": slow("first"), "later": slow("later"), "last": slow("last")}, 2)
+    assert sorted(made) == ["first", "later"]  # the two started ones finished; "last" was never started
+
+
 @pytest.mark.parametrize("rows_hint", [None, 10**9], ids=["one-shared-job", "a-job-per-table"])
 def test_replace_where_many_replaces_each_table_at_the_version_and_calls_back_after_each_commit(
     spark: SparkSession, wh: Warehouse, rows_hint: int | None
 ) -> None:
     """Flat tables share one staging job, a table with array columns gets its own; large writes take Spark's own
-    Parquet writer per table. Every path leaves the same rows and one commit per table, in order."""
+    Parquet writer per table; rows given as Arrow are written as such. Every path leaves the same rows and one
+    commit per table (in any order: an engine may commit them concurrently)."""
     routing = tables.CLIENT_AFFINITY
 
     def mapping(major: int, primary: str) -> DataFrame:
@@ -874,16 +928,23 @@ def test_replace_where_many_replaces_each_table_at_the_version_and_calls_back_af
     wh.append("topology", _topology(spark, 1, ["a", "b"]))
     wh.append("client_affinity", mapping(1, "a"))
     wh.replace_where("topology", _topology(spark, 2, ["old"]), {"topology_major": 2, "topology_minor": 0})
+    wh.append("lost_partitions", _lost(spark, 1, [0]))
     committed: list[str] = []
     wh.replace_where_many(
-        {"topology": _topology(spark, 2, ["x", "y"]), "client_affinity": mapping(2, "x")},
+        {"topology": _topology(spark, 2, ["x", "y"]), "client_affinity": mapping(2, "x"),
+         "lost_partitions": _lost(spark, 2, [3, 4]).toArrow()},
         {"topology_major": 2, "topology_minor": 0},
         committed=committed.append,
         rows_hint=rows_hint,
     )
-    assert committed == ["topology", "client_affinity"]
+    assert sorted(committed) == ["client_affinity", "lost_partitions", "topology"]
+    # one commit each: created (0), first rows (1), these (2); topology also had the old rows of version 2
+    assert {n: wh.table_version(n) for n in committed} == {"topology": 3, "client_affinity": 2, "lost_partitions": 2}
     expected = _topology(spark, 1, ["a", "b"]).union(_topology(spark, 2, ["x", "y"]))
     assert_df_equality(wh.read("topology"), expected, ignore_row_order=True, ignore_nullable=True)
+    assert sorted((r.topology_major, r.partition_id) for r in wh.read("lost_partitions").collect()) == [
+        (1, 0), (2, 3), (2, 4)
+    ]
     rows = wh.read("client_affinity").collect()
     assert sorted((r.topology_major, r.primary_node, list(r.backup_nodes)) for r in rows) == [
         (1, "a", ["b", "c"]), (2, "x", ["b", "c"])

@@ -84,8 +84,10 @@ def open_warehouse(spark: SparkSession, settings: StorageSettings, warehouse: st
         from rebalancer.storage.delta_spark import DeltaSparkWarehouse
 
         return DeltaSparkWarehouse(
-            spark, location, catalog_prefix=settings.catalog_prefix, commit_retries=settings.commit_retries
+            spark, location, catalog_prefix=settings.catalog_prefix, commit_retries=settings.commit_retries,
+            concurrent_commits=settings.concurrent_commits,
         )
     from rebalancer.storage.delta_rs import DeltaRsWarehouse
 
-    return DeltaRsWarehouse(spark, location, commit_retries=settings.commit_retries)
+    return DeltaRsWarehouse(spark, location, commit_retries=settings.commit_retries,
+                            concurrent_commits=settings.concurrent_commits)

@@ -25,6 +25,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urlparse
@@ -73,6 +74,7 @@ __all__ = [
     "WhereValue",
     "absent_rows",
     "can_store",
+    "commit_each",
     "check_table_name",
     "check_unique_keys",
     "conform",
@@ -644,6 +646,38 @@ def retry_on_conflict(
     ) from last
 
 
+def commit_each(
+    spark: SparkSession,
+    commits: Mapping[str, Callable[[], None]],
+    workers: int,
+    committed: Callable[[str], None] | None = None,
+) -> None:
+    """Run independent ``commits``, up to ``workers`` at once, calling ``committed(name)`` on this thread as each
+    one ends (in the order they end; with one worker, in ``commits`` order).
+
+    Every commit runs with this thread's Spark job group and description (or Connect tags), so its jobs are
+    counted and named with the caller's. On the first error (of a commit or of ``committed``) the commits not
+    started are cancelled, the running ones finish, and that error is raised.
+    """
+    if workers <= 1 or len(commits) <= 1:
+        for name, commit in commits.items():
+            commit()
+            if committed is not None:
+                committed(name)
+        return
+    from pyspark import inheritable_thread_target  # each wrapper holds its own copy of the job properties
+
+    pool = ThreadPoolExecutor(max_workers=min(workers, len(commits)), thread_name_prefix="rebalancer-commit")
+    try:
+        futures = {pool.submit(inheritable_thread_target(spark)(commit)): name for name, commit in commits.items()}
+        for future in as_completed(futures):
+            future.result()
+            if committed is not None:
+                committed(futures[future])
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 class Warehouse(abc.ABC):
     """One Delta table per name of ``tables.SCHEMAS``, in a directory or a Unity Catalog schema.
 
@@ -655,6 +689,7 @@ class Warehouse(abc.ABC):
         engine: ``"delta-rs"`` or ``"delta-spark"``.
         spark: the session used for reading and for writing data files.
         commit_retries: retries of a write whose commit lost a race with another writer.
+        concurrent_commits: how many independent commits :meth:`replace_where_many` may make at once.
     """
 
     engine: str
@@ -664,9 +699,10 @@ class Warehouse(abc.ABC):
     def location(self) -> str:
         """Where the warehouse is, for messages: its absolute directory or URI, or its catalog prefix."""
 
-    def __init__(self, spark: SparkSession, *, commit_retries: int = 5) -> None:
+    def __init__(self, spark: SparkSession, *, commit_retries: int = 5, concurrent_commits: int = 1) -> None:
         self.spark = spark
         self.commit_retries = commit_retries
+        self.concurrent_commits = concurrent_commits
         self._views: set[str] = set()
 
     # ---- tables ----
@@ -820,21 +856,30 @@ class Warehouse(abc.ABC):
 
     def replace_where_many(
         self,
-        frames: Mapping[str, DataFrame],
+        frames: Mapping[str, DataFrame | pa.Table],
         where: Mapping[str, WhereValue],
         committed: Callable[[str], None] | None = None,
         rows_hint: int | None = None,
     ) -> None:
-        """:meth:`replace_where` of several tables with one ``where``: one commit per table, in ``frames`` order.
+        """:meth:`replace_where` of several tables with one ``where``: one commit per table (a table given as Arrow
+        rows is written as by :meth:`replace_where_arrow`).
 
-        Engines may compute every table's data files in one Spark job before the first commit (delta-rs does for
-        small writes); ``committed`` is called with each table's name right after its commit. ``rows_hint``: about
-        how many rows the frames hold in all (None: unknown), for engines that choose their write path by size.
+        The commits are independent: an engine may make up to ``concurrent_commits`` of them at once, in any
+        order (delta-spark does: each of its commits runs Spark jobs whose fixed cost overlaps). ``committed`` is
+        called on the calling thread with each table's name once its commit is in, in the order they come in. If
+        a commit or ``committed`` raises, the commits not started are not made, those running finish, and the
+        first error is raised. Engines may also compute every table's data files in one Spark job before the
+        first commit (delta-rs does for small writes). ``rows_hint``: about how many rows the frames hold in all
+        (None: unknown), for engines that choose their write path by size.
         """
-        for name, df in frames.items():
-            self.replace_where(name, df, where)
-            if committed is not None:
-                committed(name)
+        commits = {name: functools.partial(self._replace_one, name, rows, where) for name, rows in frames.items()}
+        commit_each(self.spark, commits, self.concurrent_commits, committed)
+
+    def _replace_one(self, name: str, rows: DataFrame | pa.Table, where: Mapping[str, WhereValue]) -> None:
+        if isinstance(rows, pa.Table):
+            self.replace_where_arrow(name, rows, where)
+        else:
+            self.replace_where(name, rows, where)
 
     # ---- writes from the driver (small tables: per node, per group, one exchange) ----
     def append_arrow(self, name: str, rows: pa.Table) -> None:

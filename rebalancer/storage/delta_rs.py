@@ -244,8 +244,10 @@ class DeltaRsWarehouse(Warehouse):
 
     engine = "delta-rs"
 
-    def __init__(self, spark: SparkSession, warehouse: str | Path, *, commit_retries: int = 5) -> None:
-        super().__init__(spark, commit_retries=commit_retries)
+    def __init__(
+        self, spark: SparkSession, warehouse: str | Path, *, commit_retries: int = 5, concurrent_commits: int = 1
+    ) -> None:
+        super().__init__(spark, commit_retries=commit_retries, concurrent_commits=concurrent_commits)
         self.root = local_root(warehouse)
 
     @property
@@ -489,7 +491,7 @@ class DeltaRsWarehouse(Warehouse):
 
     def replace_where_many(
         self,
-        frames: Mapping[str, DataFrame],
+        frames: Mapping[str, DataFrame | pa.Table],
         where: Mapping[str, WhereValue],
         committed: Callable[[str], None] | None = None,
         rows_hint: int | None = None,
@@ -499,11 +501,14 @@ class DeltaRsWarehouse(Warehouse):
             # workers (an XL exchange: 2.6 million rows).
             super().replace_where_many(frames, where, committed)
             return
-        names = list(frames)
-        staged = self._stage_many(frames, where)
+        # Arrow rows are committed from the driver; the frames' files are staged first, in one Spark job.
+        staged = self._stage_many({n: r for n, r in frames.items() if isinstance(r, DataFrame)}, where)
         try:
-            for name in names:
-                self._replace_staged(name, staged.pop(name), where)
+            for name, rows in frames.items():
+                if isinstance(rows, pa.Table):
+                    self.replace_where_arrow(name, rows, where)
+                else:
+                    self._replace_staged(name, staged.pop(name), where)
                 if committed is not None:
                     committed(name)
         finally:

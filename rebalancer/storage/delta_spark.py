@@ -227,8 +227,9 @@ class DeltaSparkWarehouse(Warehouse):
         *,
         catalog_prefix: str = "",
         commit_retries: int = 5,
+        concurrent_commits: int = 1,
     ) -> None:
-        super().__init__(spark, commit_retries=commit_retries)
+        super().__init__(spark, commit_retries=commit_retries, concurrent_commits=concurrent_commits)
         self.catalog_prefix = catalog_prefix
         self.root: str | None = None if catalog_prefix else warehouse_uri(warehouse or "warehouse")
         # Importing delta.exceptions installs delta-spark's conversion of its Java conflict errors into Python
@@ -257,6 +258,9 @@ class DeltaSparkWarehouse(Warehouse):
     # Delta's commands run as SQL, not through delta-spark's Python DeltaTable: the same text works on a classic
     # session and on Spark Connect (where DeltaTable needs Delta's own Connect plugin on the server).
     def exists(self, name: str) -> bool:
+        on_driver = self._on_driver(lambda d: d.exists(name))
+        if on_driver is not None:
+            return on_driver
         if self.catalog_prefix:
             return bool(self.spark.catalog.tableExists(self.path_of(name)))
         try:
@@ -269,6 +273,10 @@ class DeltaSparkWarehouse(Warehouse):
         return True
 
     def create_tables(self, names: Iterable[str] | None = None) -> list[str]:
+        if self._driver_reader is not None:
+            # A warehouse in a local directory: delta-rs writes the same first commit (schema, reader 1 / writer 2,
+            # deletion vectors off) on the driver; Delta's CREATE TABLE runs a Spark job or two per table.
+            return self._driver_reader.create_tables(names)
         chosen = list(tables.SCHEMAS) if names is None else [check_contract_name(n) for n in names]
         created: list[str] = []
         properties = ", ".join(f"{sql_literal(k)} = {sql_literal(v)}" for k, v in TABLE_PROPERTIES.items())
@@ -414,7 +422,7 @@ class DeltaSparkWarehouse(Warehouse):
 
         def attempt() -> None:
             try:
-                target = self._on_driver(lambda d: d.rewrite_target(name, where)) if where else None
+                target = self._on_driver(lambda d: d.rewrite_target(name, where))
                 if target is None:
                     self._save(rows, name, "overwrite", replace)
                 else:
@@ -441,12 +449,13 @@ class DeltaSparkWarehouse(Warehouse):
         Delta's replaceWhere costs three Spark jobs before it writes (the table's state, its file filter, a scan
         for the files to rewrite). When no data file may hold a row of ``where`` (a new topology version, always,
         unless a crashed run left some), the same commit is an append: add files, remove none; the rows are
-        checked against ``where`` while they are written.
+        checked against ``where`` while they are written. An empty ``where`` (replace everything) is an append to
+        a table without data files (a table just created, as ``generate`` fills it), else a guarded overwrite.
         """
         if occupied:
-            self._commit_guarded(name, rows, version, "overwrite", {"replaceWhere": where_sql(where)})
+            self._commit_guarded(name, rows, version, "overwrite", {"replaceWhere": where_sql(where)} if where else {})
         else:
-            self._commit_guarded(name, guard_where(rows, where, predicate, name), version, "append")
+            self._commit_guarded(name, guard_where(rows, where, predicate, name) if where else rows, version, "append")
 
     def _commit_guarded(
         self, name: str, rows: DataFrame, version: int, mode: str, options: Mapping[str, str] | None = None
