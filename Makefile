@@ -57,12 +57,12 @@ storage-slow: $(STAMP)
 	REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q $(XDIST) $(DELTA_SPARK_TIER) --durations=10
 
 # The exchange scenarios once more under Spark Connect (spark.api.mode=connect: a local Connect server, the
-# suite's session a Connect client, as on Databricks serverless). CI runs it. SPARK_TESTING: each test worker's
-# local server on a free port (pyspark's own tests do the same; without it every local server wants port 15002).
-# Twice: on delta-rs, and on delta-spark (a Connect server with Delta's jars: Databricks serverless's case).
+# suite's session a Connect client, as on Databricks serverless). CI runs it. Each test worker's local server
+# listens on a free port of its own (rebalancer.session). Twice: on delta-rs, and on delta-spark (a Connect server
+# with Delta's jars: Databricks serverless's case).
 connect-slow: $(STAMP)
-	SPARK_TESTING=1 REBALANCER_TEST_API_MODE=connect $(PY) -m pytest -q $(XDIST) tests/test_exchange_job.py --durations=5
-	SPARK_TESTING=1 REBALANCER_TEST_API_MODE=connect REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q $(XDIST) \
+	REBALANCER_TEST_API_MODE=connect $(PY) -m pytest -q $(XDIST) tests/test_exchange_job.py --durations=5
+	REBALANCER_TEST_API_MODE=connect REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q $(XDIST) \
 		tests/test_exchange_job.py --durations=5
 
 # Hazelcast's parallel-migrations benchmark on real Hazelcast at 20,000 partitions, against our planner.

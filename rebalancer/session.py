@@ -8,9 +8,11 @@ local one tuned for a laptop (settings measured in FIELD-NOTES: serial GC, C1 JI
 from __future__ import annotations
 
 import os
+import socket
 import sys
-import warnings
+import uuid
 from pathlib import Path
+from typing import cast
 
 from pyspark.sql import SparkSession
 
@@ -87,23 +89,61 @@ def get_spark(
     if settings.master.startswith("local"):
         # A laptop's hostname often resolves to loopback; say so up front instead of a JVM warning per run.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = (
-        SparkSession.builder.master(settings.master)
-        .config("spark.api.mode", settings.api_mode)
-        .appName(settings.app_name)
-        .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
-        .config("spark.driver.memory", settings.driver_memory)
-        .config("spark.sql.adaptive.enabled", str(settings.adaptive).lower())
-    )
-    conf = {**LOCAL_SPARK_CONF, "spark.driver.extraJavaOptions": java_options("use"),
-            **(delta_jars.session_conf() if delta else {}), **(extra_conf or {})}
+    conf = {
+        "spark.master": settings.master,
+        "spark.app.name": settings.app_name,
+        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        "spark.driver.memory": settings.driver_memory,
+        "spark.sql.adaptive.enabled": str(settings.adaptive).lower(),
+        **LOCAL_SPARK_CONF,
+        "spark.driver.extraJavaOptions": java_options("use"),
+        **(delta_jars.session_conf() if delta else {}),
+        **(extra_conf or {}),
+    }
+    if settings.api_mode == "connect" and settings.master.startswith("local"):
+        return _local_connect_session(conf)
+    builder = SparkSession.builder.config("spark.api.mode", settings.api_mode)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    with warnings.catch_warnings():
-        # A local Connect server starts with every setting above; the client then re-sends them as runtime
-        # settings and warns, once per static one, that it cannot change them: noise, not a failure.
-        warnings.filterwarnings("ignore", message="Failed to set spark", category=UserWarning)
-        spark = builder.getOrCreate()
-    if settings.api_mode == "classic":  # a Connect server logs through log4j2.properties (no SparkContext here)
+    spark = builder.getOrCreate()
+    if settings.api_mode == "classic":
         spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _local_connect_session(conf: dict[str, str]) -> SparkSession:
+    """A local Spark Connect server with ``conf``, on a free port, and a Connect session of it.
+
+    What pyspark does for ``spark.api.mode = connect`` with a local master (a classic session in this process
+    whose Connect plugin serves the client; only holders of a random token may connect; stopping the client stops
+    the server), but pyspark binds port 15002 outside its own tests, so a second such process on the machine could
+    not start: this one asks the system for a free port.
+    """
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    os.environ.setdefault("SPARK_CONNECT_AUTHENTICATE_TOKEN", str(uuid.uuid4()))  # read by server and client
+    port = _free_port()
+    builder = SparkSession.builder.config("spark.api.mode", "classic")
+    for key, value in {**conf, **_CONNECT_SERVER_CONF, "spark.connect.grpc.binding.port": str(port)}.items():
+        builder = builder.config(key, value)
+    builder.getOrCreate().sparkContext.setLogLevel("ERROR")
+    # pyspark's markers of a local Connect server: sessions made from now on are Connect ones, and stopping the
+    # client stops the server.
+    os.environ["SPARK_LOCAL_REMOTE"] = "1"
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    # pyspark's own builder returns Connect sessions typed as its SparkSession the same way
+    return cast(SparkSession, ConnectSession.builder.remote(f"sc://localhost:{port}").getOrCreate())
+
+
+_CONNECT_SERVER_CONF = {
+    "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
+    "spark.sql.artifact.isolation.enabled": "true",
+    "spark.sql.artifact.isolation.alwaysApplyClassloader": "true",
+}
+
+
+def _free_port() -> int:
+    """A TCP port no process listens on now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
