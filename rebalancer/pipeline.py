@@ -15,9 +15,10 @@
 4. **Plan and schedule** (:mod:`rebalancer.planning.plan`, :mod:`rebalancer.planning.schedule`): suppliers,
    bytes and ids over the whole plan, then the cost model's schedule, on the driver (a plan is one row per step).
 5. **Commit**: every output of the version (large tables through Spark, small ones as Arrow from the driver;
-   independent commits, up to ``storage.concurrent_commits`` at once), then the ``exchanges`` row. A version without that row does not exist for readers; a re-run after a crash
-   recomputes the same version from the same inputs and replaces the partial rows. Two runs racing for the same
-   version: the second to commit its ``exchanges`` row fails with :class:`ExchangeConflictError`.
+   independent commits, up to ``storage.concurrent_commits`` at once), then the ``exchanges`` row. A version
+   without that row does not exist for readers; a re-run after a crash recomputes the same version from the same
+   inputs and replaces the partial rows. Two runs racing for the same version: the second to commit its
+   ``exchanges`` row fails with :class:`ExchangeConflictError`.
 
 Nothing here decides anything about a partition; it wires the stages to storage and counts what happened.
 """

@@ -10,10 +10,11 @@ a local directory whose log shows no row of the ``where`` yet, as a guarded appe
 see ``_commit_guarded``); ``merge`` as SQL ``MERGE INTO`` (when matched update all, when not matched insert all).
 On a local directory delta-rs reads the log on the driver: table versions, file lists for reads, small tables.
 Delta raises its ``ConcurrentModificationException`` family when a commit loses a race; the write is then re-run
-from the start, up to ``storage.commit_retries`` times. Tables are created by ``CREATE TABLE ... USING DELTA`` at
-protocol 1/2 and without deletion vectors, so the same directory stays readable by the delta-rs engine. Delta's
-commands are SQL text, never delta-spark's Python ``DeltaTable``, so the engine runs the same on classic sessions
-and on Spark Connect.
+from the start, up to ``storage.commit_retries`` times. Tables are created at protocol 1/2 and without deletion
+vectors (by delta-rs on the driver in a local directory, else by ``CREATE TABLE ... USING DELTA``), so the same
+directory stays readable by the delta-rs engine. An exchange's independent commits run up to
+``storage.concurrent_commits`` at once (``Warehouse.replace_where_many``). Delta's commands are SQL text, never
+delta-spark's Python ``DeltaTable``, so the engine runs the same on classic sessions and on Spark Connect.
 
 Tested on local Spark with the Delta jars fetched at install: the storage contract, exchange scenarios, crash
 points and concurrency tests run on this engine too (``make storage-slow``; docs/STORAGE.md).
