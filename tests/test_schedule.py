@@ -373,6 +373,10 @@ def test_copy_without_usable_source() -> None:
     empty = plan_of(step("COPY", "a", "b", nbytes=1)).set_column(7, "candidates", pa.array([[]], pa.list_(pa.string())))
     with pytest.raises(ValueError, match="candidates must be non-empty and contain source_node 'a'; got \\[\\]"):
         schedule(empty, DEFAULT)
+    # ... found by a binary search over the sorted (row, node) keys: neighbours on both sides are not a match
+    others = plan_of(step("COPY", "b", "d", candidates=["a", "c"], nbytes=1), step("COPY", "a", "d", nbytes=1, no=2))
+    with pytest.raises(ValueError, match=r"row 0: .*contain source_node 'b'; got \['a', 'c'\]"):
+        schedule(others, DEFAULT)
     with pytest.raises(ValueError, match="source_node must differ from its target_node"):
         schedule(plan_of(step("COPY", "a", "a", nbytes=1)), DEFAULT)
 
