@@ -51,7 +51,8 @@ interop-slow: $(STAMP)
 # slow vacuum 4.5): Delta runs its own Spark jobs for every commit.
 DELTA_SPARK_TIER := tests/test_storage.py tests/test_exchange_job.py tests/test_exchange_events.py \
 	tests/test_persistent_cluster.py tests/test_incremental_inputs.py tests/test_bad_input.py \
-	tests/test_delta_spark.py::test_a_warehouse_crossing_engines_rs_spark_rs_commits_what_one_engine_commits
+	tests/test_delta_spark.py::test_a_warehouse_crossing_engines_rs_spark_rs_commits_what_one_engine_commits \
+	tests/test_generate.py::test_generating_into_a_used_warehouse_replaces_its_inputs_and_empties_its_outputs
 storage-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow tests/test_delta_spark.py --durations=5
 	REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q $(XDIST) $(DELTA_SPARK_TIER) --durations=10

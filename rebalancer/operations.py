@@ -7,6 +7,7 @@ returns plain data the caller may print. Printing, argument parsing and session 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import reduce
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -35,24 +36,33 @@ __all__ = [
     "vacuum_warehouse",
 ]
 
-def load_generated_cluster(spark: SparkSession, warehouse: Warehouse, cluster: GeneratedCluster) -> dict[str, int]:
+def load_generated_cluster(
+    spark: SparkSession, warehouse: Warehouse, cluster: GeneratedCluster, rows_hint: int | None = None
+) -> dict[str, int]:
     """Replace the warehouse's contents with a generated cluster.
 
     Input tables are overwritten with the cluster; output tables are emptied (a new cluster has no exchange
-    history). Delta keeps the previous contents as older table versions.
+    history). Delta keeps the previous contents as older table versions. The tables are written by one
+    :meth:`~rebalancer.storage.Warehouse.replace_where_many` (commits that may run at once) and counted by one
+    Spark job. ``rows_hint``: about how many rows the cluster holds (the engine picks its write path by size).
 
     Returns:
         Rows written per input table.
     """
     created = set(warehouse.create_tables())
-    for name, schema in OUTPUT_TABLES.items():
-        if name not in created:  # a table created just now is already empty: spare a commit
-            warehouse.replace_where(name, spark.createDataFrame([], schema), {})
-    counts: dict[str, int] = {}
-    for name, df in cluster.as_tables().items():
-        warehouse.replace_where(name, df, {})
-        counts[name] = warehouse.read(name).count()
-    return counts
+    # A table created just now is already empty: spare it a commit.
+    emptied = {name: spark.createDataFrame([], schema) for name, schema in OUTPUT_TABLES.items() if name not in created}
+    inputs = cluster.as_tables()
+    warehouse.replace_where_many({**emptied, **inputs}, {}, rows_hint=rows_hint)
+    return _row_counts(warehouse, list(inputs))
+
+
+def _row_counts(warehouse: Warehouse, names: list[str]) -> dict[str, int]:
+    """Rows per table, all counted in one Spark job."""
+    labelled = [warehouse.read(name).select(F.lit(name).alias("table")) for name in names]
+    rows = reduce(DataFrame.unionByName, labelled).groupBy("table").count().collect()
+    counted = {r["table"]: r["count"] for r in rows}
+    return {name: int(counted.get(name, 0)) for name in names}
 
 
 def generate_into(
@@ -76,7 +86,8 @@ def generate_into(
                 affinity_function=affinity_function,
             )
         with meter.stage("load"):
-            return load_generated_cluster(spark, warehouse, cluster)
+            replicas = groups * partitions * (backups + 1)  # one partition report per replica
+            return load_generated_cluster(spark, warehouse, cluster, rows_hint=replicas + nodes)
     finally:
         meter.close()
 

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
-from rebalancer.config import GenerateSettings
+from rebalancer.config import GenerateSettings, Settings
 from rebalancer.generate import generate_cluster
-from rebalancer.tables import INPUT_TABLES
+from rebalancer.operations import generate_into
+from rebalancer.pipeline import run_exchange
+from rebalancer.storage import open_warehouse
+from rebalancer.tables import INPUT_TABLES, OUTPUT_TABLES
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +93,21 @@ def test_hosts_group_neighbours(spark: Any) -> None:
 def test_bad_sizes_are_refused(spark: Any, args: tuple[int, int, int, int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         generate_cluster(spark, *args, seed=0)
+
+
+def test_generating_into_a_used_warehouse_replaces_its_inputs_and_empties_its_outputs(
+    spark: Any, tmp_path: Path
+) -> None:
+    settings = Settings().with_overrides(storage={"warehouse": str(tmp_path / "w"), "engine": "auto"})
+    wh = open_warehouse(spark, settings.storage)
+    generate_into(spark, wh, settings, nodes=4, groups=1, partitions=8, backups=1, seed=1)
+    run_exchange(spark, wh, settings)
+    assert all(wh.read(name).count() > 0 for name in ("partition_map", "exchanges", "client_affinity"))
+
+    counts = generate_into(spark, wh, settings, nodes=3, groups=2, partitions=4, backups=0, seed=2)
+
+    # (the counts come from one job over the written tables: each must land on its own table)
+    assert counts == {"nodes": 3, "cache_groups": 2, "topology_events": 3, "partition_reports": 8}
+    assert {name: wh.read(name).count() for name in counts} == counts
+    assert {name: wh.read(name).count() for name in OUTPUT_TABLES} == dict.fromkeys(OUTPUT_TABLES, 0)
+    assert sorted(r.node_id for r in wh.read("nodes").collect()) == ["node0", "node1", "node2"]
