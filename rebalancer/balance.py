@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from rebalancer.affinity.balanced import BalancedGroup, place_balanced
 from rebalancer.affinity.ideal import previous_placement
 from rebalancer.affinity.nodeset import NodeSet
-from rebalancer.inputs import latest_version
+from rebalancer.inputs import latest_version, read_as_consumed
 from rebalancer.storage import Warehouse
 from rebalancer.tables import version_where
 from rebalancer.vocabulary import OWNING, REPLICATED
@@ -143,14 +143,15 @@ def evaluate(warehouse: Warehouse, version: tuple[int, int] | None = None, sprea
     if topology.num_rows == 0:
         raise LookupError(f"version {version[0]}.{version[1]} is not a committed version")
     servers = sorted(r["node_id"] for r in topology.to_pylist() if not r["is_client"])
-    rows = {r["node_id"]: r for r in warehouse.read_arrow("nodes").to_pylist()}
+    exchange = next(iter(warehouse.read_arrow("exchanges", where=where).to_pylist()), {})  # one row per version
+    rows = {r["node_id"]: r for r in read_as_consumed(warehouse, "nodes", exchange).to_pylist()}
     node_set = NodeSet.from_rows([rows[n] for n in servers])
     ids = list(node_set.node_ids)
     capacity = np.array([float(rows[n].get("capacity") if rows[n].get("capacity") is not None else 1.0)
                          for n in ids])
 
     ideal = warehouse.read_arrow("ideal_assignment", where=where)
-    groups = {r["group_name"]: r for r in warehouse.read_arrow("cache_groups").to_pylist()}
+    groups = {r["group_name"]: r for r in read_as_consumed(warehouse, "cache_groups", exchange).to_pylist()}
     running = sorted(set(ideal.column("group_name").to_pylist()))
     replicated = [g for g in running if (groups[g]["mode"] or "PARTITIONED") == REPLICATED]
     partitioned = ideal.filter(pc.invert(pc.is_in(ideal.column("group_name"), pa.array(replicated, pa.string()))))

@@ -33,6 +33,7 @@ from rebalancer.affinity.assign import assign_indexes
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.affinity.rendezvous import weight
 from rebalancer.config import Settings
+from rebalancer.inputs import read_as_consumed
 from rebalancer.storage import Warehouse
 from rebalancer.tables import version_where
 from rebalancer.vocabulary import (
@@ -86,7 +87,8 @@ def explain(warehouse: Warehouse, settings: Settings, group: str, partition: int
     if group not in (exchange["running_groups"] or []):
         raise ExplainError(f"group {group!r} was not running at version {v[0]}.{v[1]} (running: "
                            f"{', '.join(exchange['running_groups'] or []) or 'none'})")
-    g = _one(warehouse.read_arrow("cache_groups").filter(pc.equal(pc.field("group_name"), group)).to_pylist(), group)
+    groups = read_as_consumed(warehouse, "cache_groups", exchange)
+    g = _one(groups.filter(pc.equal(pc.field("group_name"), group)).to_pylist(), group)
     if not 0 <= partition < int(g["partitions"]):
         raise ExplainError(f"group {group!r} has partitions 0..{int(g['partitions']) - 1}, not {partition}")
     key: dict[str, Any] = {**where, "group_name": group, "partition_id": partition}
@@ -101,7 +103,7 @@ def explain(warehouse: Warehouse, settings: Settings, group: str, partition: int
                                        pc.equal(plan.column("partition_id"), partition))).to_pylist(),
                    key=lambda r: r["step"])
     servers = [r for r in warehouse.read_arrow("topology", where=where).to_pylist() if not r["is_client"]]
-    nodes = {r["node_id"]: r for r in warehouse.read_arrow("nodes").to_pylist()}
+    nodes = {r["node_id"]: r for r in read_as_consumed(warehouse, "nodes", exchange).to_pylist()}
     before = _previous_copies(warehouse, history, exchange, group, partition)
 
     settings_row = {k: g.get(k) for k in ("partitions", "backups", "mode", "affinity", "exclude_neighbors",

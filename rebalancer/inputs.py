@@ -34,8 +34,8 @@ from rebalancer.validation_local import References, bad_reports, bad_small_table
 from rebalancer.vocabulary import COPY_KEY
 
 __all__ = [
-    "Committed", "Inputs", "Reports", "last_committed", "latest_version", "read_inputs", "record_rejections",
-    "validate_reports",
+    "Committed", "Inputs", "Reports", "last_committed", "latest_version", "read_as_consumed", "read_inputs",
+    "record_rejections", "validate_reports",
 ]
 
 #: The input tables read incrementally (the others are read whole).
@@ -73,6 +73,14 @@ def latest_version(warehouse: Warehouse) -> tuple[int, int] | None:
     """The newest committed topology version (the one whose ``exchanges`` row exists), or None."""
     exchanges = warehouse.read_arrow("exchanges").select(["topology_major", "topology_minor"]).to_pylist()
     return max(((r["topology_major"], r["topology_minor"]) for r in exchanges), default=None)
+
+
+def read_as_consumed(warehouse: Warehouse, name: str, exchange: Mapping[str, Any]) -> pa.Table:
+    """Input table ``name`` as an exchange read it: at the Delta version its ``exchanges`` row recorded as consumed
+    (``input_versions``), so that what changed since (a host, an attribute, a capacity, a group setting) does not
+    rewrite the account of an older version; today's rows where the row records no version."""
+    version = dict(exchange.get("input_versions") or {}).get(name)
+    return warehouse.read_arrow(name, version=None if version is None else int(version))
 
 
 def last_committed(warehouse: Warehouse) -> Committed | None:

@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from rebalancer.balance import evaluate
@@ -99,3 +100,14 @@ def test_cli_generate_balanced_then_balance(spark: Any, tmp_path: Path, capsys: 
     assert result["replica_ratio"] <= 1.05 + 1e-9 and len(result["nodes"]) == 6
     code, out, _ = run("balance", "--top", "2")
     assert code == 0 and "most loaded / share: replicas" in out and "would place 0 copies elsewhere" in out
+
+
+def test_an_old_version_is_weighed_with_the_capacities_it_was_computed_from(spark: Any, tmp_path: Path) -> None:
+    c = _cluster(spark, tmp_path / "w", {"n1": 1.0, "n2": 1.0, "n3": 2.0}, None)
+    before = evaluate(c.warehouse, (3, 0))
+    nodes = c.warehouse.read_arrow("nodes")  # since 3.0 n3's capacity went back to 1 (no exchange since)
+    c.warehouse.replace_where_arrow("nodes", nodes.set_column(nodes.schema.get_field_index("capacity"), "capacity",
+                                                              pa.array([1.0] * nodes.num_rows)), {})
+    after = evaluate(c.warehouse, (3, 0))
+    assert after == before
+    assert {n.node_id: n.capacity for n in after.nodes} == {"n1": 1.0, "n2": 1.0, "n3": 2.0}

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from rebalancer.affinity.assign import assign_indexes
@@ -182,3 +183,16 @@ def test_unequal_capacities_rank_by_the_weighted_score() -> None:
         assert scores == sorted(scores, reverse=True)  # the rank is the score's order
         assert [x["node"] for x in answer[:2]] == [r["node_id"] for r in ideal]
         assert "capacity-weighted score" in answer[-1]["reason"]
+
+
+def test_an_old_version_is_explained_with_the_nodes_and_groups_it_was_computed_from(spark: Any, tmp_path: Path) -> None:
+    c = steady(spark, tmp_path / "w", partitions=4)
+    before = [explain(c.warehouse, c.settings, "g", p, (3, 0)) for p in range(4)]
+    # Since 3.0 every node moved to one host and the group gained a backup (no exchange has run since).
+    nodes = c.warehouse.read_arrow("nodes")
+    c.warehouse.replace_where_arrow("nodes", nodes.set_column(nodes.schema.get_field_index("host"), "host",
+                                                              pa.array(["h-same"] * nodes.num_rows)), {})
+    groups = c.warehouse.read_arrow("cache_groups")
+    c.warehouse.replace_where_arrow("cache_groups", groups.set_column(
+        groups.schema.get_field_index("backups"), "backups", pa.array([2] * groups.num_rows, pa.int32())), {})
+    assert [explain(c.warehouse, c.settings, "g", p, (3, 0)) for p in range(4)] == before
