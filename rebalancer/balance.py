@@ -143,7 +143,7 @@ def evaluate(warehouse: Warehouse, version: tuple[int, int] | None = None, sprea
     if topology.num_rows == 0:
         raise LookupError(f"version {version[0]}.{version[1]} is not a committed version")
     servers = sorted(r["node_id"] for r in topology.to_pylist() if not r["is_client"])
-    exchange = next(iter(warehouse.read_arrow("exchanges", where=where).to_pylist()), {})  # one row per version
+    exchange: dict[str, Any] = next(iter(warehouse.read_arrow("exchanges", where=where).to_pylist()), {})
     rows = {r["node_id"]: r for r in read_as_consumed(warehouse, "nodes", exchange).to_pylist()}
     node_set = NodeSet.from_rows([rows[n] for n in servers])
     ids = list(node_set.node_ids)
