@@ -290,6 +290,31 @@ def test_timestamps_are_int64_micros_even_when_the_session_writes_int96(
     assert pq.read_metadata(path).schema.column(4).physical_type == "INT64"
 
 
+def test_a_session_writing_int96_reads_back_the_same_instants_on_every_path(
+    spark: SparkSession, wh: Warehouse
+) -> None:
+    """A session rebalancer did not build (a notebook's, a cluster's) writes Spark's default INT96 timestamps: on
+    delta-spark they stay INT96 in the files, and Spark's reads, the driver's Arrow reads and the change feed all
+    give the instant that was written, as microseconds in UTC."""
+    instant = dt.datetime(2026, 3, 29, 1, 30, 0, 7, tzinfo=UTC)
+    key = "spark.sql.parquet.outputTimestampType"
+    previous = spark.conf.get(key) or "TIMESTAMP_MICROS"
+    spark.conf.set(key, "INT96")
+    try:
+        wh.append("topology_events",
+                  spark.createDataFrame([(1, "NODE_JOINED", "n1", None, instant)], tables.TOPOLOGY_EVENTS))
+    finally:
+        spark.conf.set(key, previous)
+    (path,) = DeltaTable(wh.path_of("topology_events")).file_uris()
+    assert pq.read_metadata(path).schema.column(4).physical_type == ("INT96" if wh.engine == "delta-spark" else "INT64")
+    assert _first(wh.read("topology_events"))["event_time"].replace(tzinfo=UTC) == instant
+    arrow = wh.read_arrow("topology_events").column("event_time")
+    assert arrow.type == pa.timestamp("us", tz="UTC")
+    assert arrow.to_pylist() == [instant]
+    changed = wh.changes("topology_events", None).rows
+    assert [r["event_time"].replace(tzinfo=UTC) for r in changed.collect()] == [instant]
+
+
 def test_protocol_stays_reader_1_writer_2_without_deletion_vectors(spark: SparkSession, wh: Warehouse) -> None:
     wh.append("topology", _topology(spark, 1, ["a", "b"]))
     wh.replace_where("topology", _topology(spark, 1, ["a"]), {"topology_major": 1})
