@@ -15,9 +15,9 @@ always follow an exchange in the same session). Then, for each of ``--runs`` rou
   the whole process ``rebalancer --warehouse W [--conf C] exchange``. Stage seconds and the Spark job count are
   read from the ``exchanges`` row it committed (``stage_seconds``, ``spark_jobs``; the row is written inside the
   ``commit`` stage, so it cannot hold that stage's own seconds). Its ``started_at`` / ``finished_at`` split the
-  wall time, as data, into *startup* (interpreter, imports, Spark session: launch until ``run_exchange`` began,
-  i.e. ``started_at`` less the ``inputs`` stage), the *exchange* (until ``finished_at``) and *after* (the commit
-  of the row, printing, stopping Spark, exit). No printed text is parsed.
+  wall time, as data, into *startup* (interpreter, imports, Spark session: launch until ``run_exchange`` began:
+  ``started_at``, which the run stamps before its ``inputs`` stage), the *exchange* (until ``finished_at``) and
+  *after* (the commit of the row, printing, stopping Spark, exit). No printed text is parsed.
 - ``select1`` (the same rounds): the whole process ``rebalancer --warehouse W sql "SELECT 1"``, the floor a
   command that starts Spark and opens the warehouse pays (the M target compares the exchange with it).
 - ``warm``: restore again, append the same event, and time ``run_exchange`` in this process
@@ -343,8 +343,10 @@ def run_cli(ctx: Context, load: LoadSampler) -> dict[str, Any]:
     result = run_process(cli_command(ctx, ctx.warehouse_dir, "exchange"), ctx.spark_conf, load)
     row = exchange_rows(ctx.warehouse())[0]
     stages = {k: round(v, 3) for k, v in row["stage_seconds"].items()}
-    began = _epoch(row["started_at"]) - stages.get("inputs", 0.0)  # run_exchange starts with the inputs stage
+    began = _epoch(row["started_at"])  # stamped as run_exchange begins, before its inputs stage
     finished, launched, exited = _epoch(row["finished_at"]), result.pop("launched"), result.pop("exited")
+    if not launched <= began <= finished <= exited:  # the split would be wrong (it once subtracted inputs twice)
+        raise RuntimeError(f"started_at/finished_at outside the process: {launched} {began} {finished} {exited}")
     return {**result, "stage_s": stages, "spark_jobs": row["spark_jobs"], "counts": counts(row),
             "startup_s": round(began - launched, 2), "exchange_s": round(finished - began, 2),
             "after_s": round(exited - finished, 2)}
