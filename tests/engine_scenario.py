@@ -39,33 +39,37 @@ COMPARED = {
 def run_story(spark: SparkSession, engine: str, warehouse: Path, catalog_prefix: str = "") -> dict[str, Any]:
     """Generate 4 nodes x 1 group x 16 partitions, exchange, fail node1, exchange; the committed rows.
     ``catalog_prefix``: the tables are catalog tables ``<prefix>.<name>`` (delta-spark) instead of paths."""
-    settings = Settings().with_overrides(storage={"warehouse": str(warehouse), "engine": engine,
-                                                  "catalog_prefix": catalog_prefix})
-    wh = open_warehouse(spark, settings.storage)
-    generate_into(spark, wh, settings, nodes=4, groups=1, partitions=16, backups=1, seed=3)
-    run_exchange(spark, wh, settings)
-    append_event(spark, wh, "NODE_FAILED", node_id="node1")
-    run_exchange(spark, wh, settings)
+    wh = run_steps(spark, warehouse, [(engine, None), (engine, "NODE_FAILED")], catalog_prefix)
     return {"engine": wh.engine, **committed_rows(wh)}
 
 
 def run_across(spark: SparkSession, engines: list[str], warehouse: Path) -> dict[str, Any]:
-    """Generate 4 nodes x 1 group x 16 partitions, then three exchanges (the first, node1 fails, node1 joins again),
-    exchange ``i`` on ``engines[i]`` (generate on the first): the committed rows of one warehouse that crossed
-    engines."""
-    def opened(engine: str) -> tuple[Settings, Any]:
-        settings = Settings().with_overrides(storage={"warehouse": str(warehouse), "engine": engine})
-        return settings, open_warehouse(spark, settings.storage)
+    """The story and one more exchange (node1 joins again), exchange ``i`` on ``engines[i]`` (generate on the
+    first): the committed rows of one warehouse that crossed engines."""
+    events = [None, "NODE_FAILED", "NODE_JOINED"]
+    return committed_rows(run_steps(spark, warehouse, list(zip(engines, events, strict=True))))
 
-    settings, wh = opened(engines[0])
-    generate_into(spark, wh, settings, nodes=4, groups=1, partitions=16, backups=1, seed=3)
-    for engine, event in zip(engines, [None, "NODE_FAILED", "NODE_JOINED"], strict=True):
-        settings, wh = opened(engine)
-        assert wh.engine == engine
+
+def run_steps(
+    spark: SparkSession, warehouse: Path, steps: list[tuple[str, str | None]], catalog_prefix: str = ""
+) -> Any:
+    """Generate 4 nodes x 1 group x 16 partitions with the first step's engine, then per step (engine, event):
+    node1's event if any, and an exchange on that engine. Returns the warehouse as the last step opened it."""
+    opened: tuple[str, Settings, Any] | None = None
+    for i, (engine, event) in enumerate(steps):
+        if opened is None or opened[0] != engine:
+            settings = Settings().with_overrides(storage={"warehouse": str(warehouse), "engine": engine,
+                                                          "catalog_prefix": catalog_prefix})
+            opened = (engine, settings, open_warehouse(spark, settings.storage))
+            assert opened[2].engine == engine
+        _, settings, wh = opened
+        if i == 0:
+            generate_into(spark, wh, settings, nodes=4, groups=1, partitions=16, backups=1, seed=3)
         if event:
             append_event(spark, wh, event, node_id="node1")
         run_exchange(spark, wh, settings)
-    return committed_rows(wh)
+    assert opened is not None
+    return opened[2]
 
 
 def committed_rows(wh: Any) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 The loop is one function; :func:`~rebalancer.planning.event_loop.run` executes it as plain Python for small plans
 and compiled for large ones. These tests hold the two to the same schedule, row for row and bit for bit, on random
-plans and on a suite plan under both list-scheduling policies, and check which one ``run`` picks. The first compile
+plans and on a suite plan under both list-scheduling policies, and check which one ``run`` picks. Compiled, the
+loop finds a freed node's waiting pairs by scanning bits where the Python run walks short lists, so the same
+schedules also hold the two ways of finding them to the same pairs. The first compile
 takes minutes; ``make install`` does it once (numba caches it beside the module), so these tests only load it.
 """
 
