@@ -763,7 +763,7 @@ class _Run:
                             s.backup_filter, self.settings.affinity.ignite_ids_as_strings)
                 if not chosen <= everyone:
                     listed.update((g, (tuple(nodes.node_ids), m)) for g, m in placed.items())
-                placed = {g: _onto(m, nodes, alive) for g, m in placed.items()}
+                placed = {g: placed_onto(m, nodes.node_ids, alive.node_ids) for g, m in placed.items()}
             out.update(placed)
         return out, listed
 
@@ -1155,12 +1155,13 @@ def _placing(alive: Mapping[str, NodeInfo], cluster: ClusterState) -> tuple[froz
     return baseline, cluster.draining, cluster.active
 
 
-def _onto(matrix: npt.NDArray[np.int32], nodes: NodeSet, alive: NodeSet) -> npt.NDArray[np.int32]:
-    """A matrix of indexes into ``nodes`` as indexes into ``alive``: a node that is not alive leaves its slot, and
-    each row's alive nodes move up in order (so column 0 is the first alive one: the ideal primary)."""
-    where = {n: i for i, n in enumerate(alive.node_ids)}
-    to_alive = np.array([where.get(n, -1) for n in nodes.node_ids] + [-1], dtype=np.int32)
-    mapped = to_alive[np.where(matrix >= 0, matrix, len(nodes.node_ids))]
+def placed_onto(matrix: npt.NDArray[np.int32], nodes: Sequence[str], alive: Sequence[str]) -> npt.NDArray[np.int32]:
+    """A matrix of indexes into ``nodes`` (node ids) as indexes into ``alive``: a node that is not alive leaves its
+    slot, and each row's alive nodes move up in order (so column 0 is the first alive one: the ideal primary). A
+    group's placement is this of its ``KernelContext.listed`` matrix whenever it has one."""
+    where = {n: i for i, n in enumerate(alive)}
+    to_alive = np.array([where.get(n, -1) for n in nodes] + [-1], dtype=np.int32)
+    mapped = to_alive[np.where(matrix >= 0, matrix, len(nodes))]
     order = np.argsort(mapped < 0, axis=1, kind="stable")
     return np.take_along_axis(mapped, order, axis=1)
 

@@ -59,7 +59,7 @@ from rebalancer.exchange.kernel import (
     KernelContext,
     decide,
 )
-from rebalancer.pipeline import Hypothesis, Hypothetical, Meter, tagged
+from rebalancer.pipeline import Hypothesis, Hypothetical, Meter, placed_onto, tagged
 from rebalancer.planning.plan import finish_plan, schedule_plan
 from rebalancer.storage import Warehouse
 from rebalancer.tables import version_where
@@ -298,8 +298,8 @@ class _Facts:
 
     servers: tuple[str, ...]
     groups: int  # index into the shared group settings
-    placements: Mapping[str, Any]
-    listed: Mapping[str, Any]
+    placements: Mapping[str, int]  # index into the shared matrices, for the groups not listed
+    listed: Mapping[str, tuple[int, int]]  # indexes into the shared node lists and matrices
     active: bool
     without_backup_committed: int  # partitions without a backup in the committed version (the running groups)
     replicas: int  # index into the shared per-node ideal counts of the committed version
@@ -311,6 +311,8 @@ def _evaluate(spark: SparkSession, warehouse: Warehouse, settings: Settings, ver
     committed_map = warehouse.read_arrow("partition_map", where=where)
     committed_ideal = warehouse.read_arrow("ideal_assignment", where=where)
     group_sets: list[dict[str, GroupSettings]] = []
+    shared_lists = _Pool()  # node lists and matrices of the scenarios' placements, each shipped once
+    shared_matrices = _Pool()
     replica_sets: list[dict[str, int]] = []
     replica_keys: dict[frozenset[str], int] = {}
     unprotected: dict[frozenset[str], int] = {}
@@ -337,9 +339,14 @@ def _evaluate(spark: SparkSession, warehouse: Warehouse, settings: Settings, ver
         keys[SCENARIO] += [i] * len(singles)
         keys["group_name"] += [k[0] for k in singles]
         keys["partition_id"] += [k[1] for k in singles]
+        # A listed group's placement is its listed matrix onto this scenario's servers (`placed_onto`): the task
+        # derives it, so a persistent cluster's scenarios share the baseline's matrices instead of shipping theirs.
+        listed = {name: (shared_lists.index(tuple(ids)), shared_matrices.index(m))
+                  for name, (ids, m) in h.context.listed.items()}
+        placements = {name: shared_matrices.index(m) for name, m in h.context.placements.items() if name not in listed}
         facts.append(_Facts(
-            servers=tuple(h.context.nodes.node_ids), groups=g, placements=dict(h.context.placements),
-            listed=dict(h.context.listed), active=h.step.cluster.active,
+            servers=tuple(h.context.nodes.node_ids), groups=g, placements=placements,
+            listed=listed, active=h.step.cluster.active,
             without_backup_committed=unprotected[running],
             replicas=replica_keys[running],
         ))
@@ -359,7 +366,8 @@ def _evaluate(spark: SparkSession, warehouse: Warehouse, settings: Settings, ver
     rows = parts[0]
     for p in parts[1:]:
         rows = rows.unionByName(p)
-    shared = _Shared(tuple(facts), tuple(group_sets), tuple(replica_sets), dict(node_rows), settings)
+    shared = _Shared(tuple(facts), tuple(group_sets), tuple(replica_sets), dict(node_rows), settings,
+                     tuple(shared_lists.values), tuple(shared_matrices.values))
 
     def run(key: tuple[pa.Scalar, ...], table: pa.Table) -> pa.Table:
         return figures(int(key[0].as_py()), table, shared)
@@ -382,6 +390,28 @@ class _Shared:
     replica_sets: tuple[dict[str, int], ...]
     node_rows: dict[str, Mapping[str, Any]]
     settings: Settings
+    node_lists: tuple[tuple[str, ...], ...]
+    matrices: tuple[np.ndarray, ...]
+
+
+class _Pool:
+    """Distinct values (node id tuples, NumPy matrices), each kept once: :meth:`index` gives a value's index,
+    adding it unless an equal one is there. Equal matrices are found by a digest of their bytes."""
+
+    def __init__(self) -> None:
+        self.values: list[Any] = []
+        self._by_digest: dict[Any, list[int]] = {}
+
+    def index(self, value: Any) -> int:
+        array = isinstance(value, np.ndarray)
+        digest = (value.dtype.str, value.shape, hash(value.tobytes())) if array else hash(value)
+        seen = self._by_digest.setdefault(digest, [])
+        for i in seen:
+            if np.array_equal(self.values[i], value) if array else self.values[i] == value:
+                return i
+        self.values.append(value)
+        seen.append(len(self.values) - 1)
+        return len(self.values) - 1
 
 
 def figures(scenario: int, table: pa.Table, shared: _Shared) -> pa.Table:
@@ -394,8 +424,10 @@ def figures(scenario: int, table: pa.Table, shared: _Shared) -> pa.Table:
         groups=groups,
         history_threshold=shared.settings.rebalance.history_threshold,
         ids_as_strings=shared.settings.affinity.ignite_ids_as_strings,
-        placements=f.placements,
-        listed=f.listed,
+        placements={**{name: shared.matrices[i] for name, i in f.placements.items()},
+                    **{name: placed_onto(shared.matrices[m], shared.node_lists[ids], f.servers)
+                       for name, (ids, m) in f.listed.items()}},
+        listed={name: (shared.node_lists[ids], shared.matrices[m]) for name, (ids, m) in f.listed.items()},
     )
     kind = table.column("kind")
     before = table.filter(pc.equal(kind, IDEAL_BEFORE))

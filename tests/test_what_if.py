@@ -1,9 +1,10 @@
 """``rebalancer what-if``: every scenario's figures equal what a real exchange of the same events commits.
 
-Two generated warehouses (5 servers in 3 zones, 2 groups x 32 partitions, 1 backup): a steady one, and one in the
-middle of a rebalance (node4 failed, its plan not carried out), where the unfinished plan's partitions are
-recomputed too and node4 can join again. Each scenario is then run for real on a copy of the warehouse, and the
-figures are computed from the committed tables with Spark SQL (not with what-if's code).
+Generated warehouses (5 servers in 3 zones, 2 groups x 32 partitions, 1 backup): a steady one; one in the middle
+of a rebalance (node4 failed, its plan not carried out), where the unfinished plan's partitions are recomputed too
+and node4 can join again; and a persistent one (``auto_adjust = false``: the baseline keeps the failed node4's
+places empty). Each scenario is then run for real on a copy of the warehouse, and the figures are computed from the
+committed tables with Spark SQL (not with what-if's code).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from rebalancer.producers import append_event
 from rebalancer.storage import open_warehouse
 from rebalancer.what_if import FIGURES, Scenario, ScenarioError, parse_scenario, sweep, what_if
 
+PERSISTENT = {"baseline": {"auto_adjust": False}}  # the baseline keeps offline nodes: their places stay empty
 
-def _settings(path: Path) -> Settings:
-    return Settings().with_overrides(storage={"warehouse": str(path), "engine": "delta-rs"})
+
+def _settings(path: Path, **overrides: Any) -> Settings:
+    return Settings().with_overrides(storage={"warehouse": str(path), "engine": "delta-rs"}, **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +51,10 @@ def rebalancing(spark: Any, steady: Path) -> Path:
     return path
 
 
-def committed_figures(spark: Any, path: Path, scenario: Scenario, copy_to: Path) -> dict[str, Any]:
+def committed_figures(spark: Any, path: Path, scenario: Scenario, copy_to: Path, **overrides: Any) -> dict[str, Any]:
     """Run ``scenario`` for real on a copy of the warehouse; its figures from the committed tables."""
     shutil.copytree(path, copy_to)
-    settings = _settings(copy_to)
+    settings = _settings(copy_to, **overrides)
     wh = open_warehouse(spark, settings.storage)
     for kind, subject in scenario.events:
         node, group = (None, subject) if kind in ("CACHE_STARTED", "CACHE_STOPPED", "RESET_LOST_PARTITIONS") \
@@ -85,11 +88,12 @@ def committed_figures(spark: Any, path: Path, scenario: Scenario, copy_to: Path)
     }
 
 
-def assert_agrees(spark: Any, path: Path, run: Any, tmp_path: Path) -> None:
+def assert_agrees(spark: Any, path: Path, run: Any, tmp_path: Path, **overrides: Any) -> None:
     rows = run.rows.to_pylist()
     assert rows
     for i, row in enumerate(rows):
-        expected = committed_figures(spark, path, parse_scenario(row["scenario"]), tmp_path / f"real-{i}")
+        expected = committed_figures(spark, path, parse_scenario(row["scenario"]), tmp_path / f"real-{i}",
+                                     **overrides)
         assert {k: row[k] for k in (*FIGURES, "lost_by_policy")} == expected, row["scenario"]
 
 
@@ -130,6 +134,39 @@ def test_scenarios_in_the_middle_of_a_rebalance_agree_with_real_exchanges(spark:
     recomputed = {r["scenario"]: r["recomputed_partitions"] for r in run.rows.to_pylist()}
     assert 0 < recomputed["NODE_FAILED node0"] < 64  # the failed node's partitions and the unfinished plan's
     assert_agrees(spark, rebalancing, run, tmp_path)
+
+
+def test_a_persistent_cluster_with_an_offline_baseline_node_agrees_and_ships_its_placements_once(
+    spark: Any, steady: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``[baseline] auto_adjust = false`` and node4 failed: every scenario places the persistent groups over the
+    baseline with node4's places empty. Its figures agree with real exchanges, and the scenarios share the
+    baseline's matrices instead of shipping one placement per group each."""
+    from rebalancer import what_if as module
+
+    path = tmp_path / "persistent"
+    shutil.copytree(steady, path)
+    settings = _settings(path, **PERSISTENT)
+    wh = open_warehouse(spark, settings.storage)
+    append_event(spark, wh, "NODE_FAILED", node_id="node4")
+    run_exchange(spark, wh, settings)
+    pools: list[Any] = []
+
+    class Recorded(module._Pool):  # the driver's pools of shared values (never shipped themselves)
+        def __init__(self) -> None:
+            super().__init__()
+            pools.append(self)
+
+    monkeypatch.setattr(module, "_Pool", Recorded)
+    run = what_if(spark, wh, settings, [parse_scenario("NODE_JOINED node4"),
+                                        parse_scenario("NODE_FAILED node0; NODE_FAILED node1")], sweeps=["nodes"])
+    assert run.rows.num_rows == 6  # node0..node3 alone, node4 back, two at once
+    node_lists, matrices = pools
+    # every scenario but the rejoin lists the baseline with node4: one node list and one matrix, shared by the
+    # two groups (placed alike: the affinity does not salt with the group), where each of 5 scenarios shipped two
+    assert node_lists.values == [("node0", "node1", "node2", "node3", "node4")]
+    assert len(matrices.values) == 1
+    assert_agrees(spark, path, run, tmp_path, **PERSISTENT)
 
 
 def test_a_server_holding_no_copy_fails_and_nothing_moves(spark: Any, tmp_path: Path) -> None:

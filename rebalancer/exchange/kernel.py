@@ -215,7 +215,8 @@ class KernelContext:
             :func:`rebalancer.affinity.assign.assign_indexes`). Placing toward another system's layout.
         listed: a group's ideal lists as ``ideal_assignment`` shows them when they name nodes that are not alive
             (a persistent group over a baseline with offline nodes): node ids and a matrix of indexes into them
-            (row = partition id, -1 = none). Only the table shows them; every decision uses ``placements``.
+            (row = partition id, -1 = none). Only the table shows them; every decision uses ``placements``,
+            which then holds that matrix onto ``nodes`` (:func:`rebalancer.pipeline.placed_onto`).
     """
 
     nodes: NodeSet
