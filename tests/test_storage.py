@@ -481,6 +481,25 @@ def test_replace_where_with_empty_where_replaces_everything(spark: SparkSession,
     assert [r.node_id for r in wh.read("topology").collect()] == ["z"]
 
 
+def test_replace_where_arrow_of_no_rows_empties_the_version_and_commits_nothing_where_it_held_none(
+    spark: SparkSession, wh: Warehouse
+) -> None:
+    """An exchange's conflicts and losses are mostly empty: writing no rows removes what a version held (a crashed
+    run's rows) and keeps the others; where the version held nothing, delta-spark makes no commit (Delta's two
+    Spark jobs would add and remove nothing), and a where naming no column still fails."""
+    wh.append("topology", _topology(spark, 1, ["a"]).union(_topology(spark, 2, ["b"])))
+    nothing = pa.Table.from_pylist([], schema=to_arrow_schema(tables.TOPOLOGY))
+    wh.replace_where_arrow("topology", nothing, {"topology_major": 2, "topology_minor": 0})
+    assert [(r.topology_major, r.node_id) for r in wh.read("topology").collect()] == [(1, "a")]
+    before = wh.table_version("topology")
+    wh.replace_where_arrow("topology", nothing, {"topology_major": 3, "topology_minor": 0})
+    assert [(r.topology_major, r.node_id) for r in wh.read("topology").collect()] == [(1, "a")]
+    if TEST_ENGINE == "delta-spark":
+        assert wh.table_version("topology") == before
+    with pytest.raises(Exception, match="no_such_column"):
+        wh.replace_where_arrow("topology", nothing, {"no_such_column": 3})
+
+
 def test_insert_absent_inserts_only_new_keys_once_and_refuses_duplicate_keys(wh: Warehouse) -> None:
     def rows(*nodes: str) -> pa.Table:
         return pa.Table.from_pylist(

@@ -414,6 +414,18 @@ class DeltaSparkWarehouse(Warehouse):
             is_conflict=is_delta_conflict,
         )
 
+    def replace_where_arrow(self, name: str, rows: pa.Table, where: Mapping[str, WhereValue]) -> None:
+        """No rows for a ``where`` no data file may hold (the log's statistics, read on the driver) leave the table
+        as it is: no commit (Delta's would be two Spark jobs that add and remove nothing; an exchange's tables of
+        conflicts and losses are mostly empty). A rival that commits rows there before our ``exchanges`` row is no
+        different from one that rewrites the table after our commit: the last writer's rows stand."""
+        if rows.num_rows == 0 and where:
+            where_predicate(where, self._stored(name)[0], name)  # a where naming no column fails, rows or not
+            target = self._on_driver(lambda d: d.rewrite_target(name, where))
+            if target is not None and not target[1]:
+                return
+        super().replace_where_arrow(name, rows, where)
+
     def replace_where(self, name: str, df: DataFrame, where: Mapping[str, WhereValue]) -> None:
         stored, optional = self._stored(name)
         predicate = where_predicate(where, stored, name)  # validates the mapping against the table
