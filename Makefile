@@ -47,8 +47,8 @@ interop-slow: $(STAMP)
 # The delta-spark engine, for real (CI runs it after `make test`): the storage contract, the exchange scenarios with
 # their exact tables, the crash points and the concurrency tests once more with the Delta jars in the suite's
 # session (every warehouse opened with engine "auto" is then a delta-spark one), a warehouse crossing engines
-# (delta-rs -> delta-spark -> delta-rs), and vacuum on delta-spark. About 11 minutes on 2 cores (the tier 6.3, the
-# slow vacuum 4.5): Delta runs its own Spark jobs for every commit.
+# (delta-rs -> delta-spark -> delta-rs), and vacuum on delta-spark. About 8.5 minutes on 2 cores (the tier 7.3, the
+# slow vacuum 1): Delta runs its own Spark jobs for every commit.
 DELTA_SPARK_TIER := tests/test_storage.py tests/test_exchange_job.py tests/test_exchange_events.py \
 	tests/test_persistent_cluster.py tests/test_incremental_inputs.py tests/test_bad_input.py \
 	tests/test_delta_spark.py::test_a_warehouse_crossing_engines_rs_spark_rs_commits_what_one_engine_commits \

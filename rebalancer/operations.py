@@ -181,12 +181,11 @@ def vacuum_warehouse(warehouse: Warehouse, keep_versions: int, retain_hours: int
     before = _data_bytes(warehouse, names)
     kept = versions[-keep_versions:]
     removed = len(versions) - len(kept)
+    older = None
     if removed:
         major, minor = kept[0]
         older = f"topology_major < {major} OR (topology_major = {major} AND topology_minor < {minor})"
-        for name in names:
-            warehouse.delete_where(name, older)
-    files = sum(warehouse.vacuum(name, retain_hours) for name in names)
+    files = warehouse.apply_retention(names, older, retain_hours)  # up to storage.concurrent_commits at once
     return VacuumResult(kept, removed, files, before, _data_bytes(warehouse, names))
 
 

@@ -139,7 +139,7 @@ def test_a_warehouse_crossing_engines_rs_spark_rs_commits_what_one_engine_commit
         assert (protocol.min_reader_version, protocol.min_writer_version) == (1, 2), name
 
 
-@pytest.mark.slow  # 3 to 9 minutes of delta-spark: CI runs it with `make storage-slow`
+@pytest.mark.slow  # about a minute of delta-spark (a process of its own): CI runs it with `make storage-slow`
 def test_vacuum_on_delta_spark_keeps_the_newest_version_and_the_next_exchange_matches_delta_rs(
     spark: Any, tmp_path: Path
 ) -> None:

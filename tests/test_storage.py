@@ -682,6 +682,28 @@ def test_delta_spark_reads_through_delta_a_table_delta_rs_cannot_read(
     assert wh.table_version("site_nodes") == 2
 
 
+@pytest.mark.skipif(TEST_ENGINE != "delta-spark", reason="about the delta-spark engine's VACUUM settings")
+def test_delta_spark_vacuums_at_once_and_gives_the_session_its_settings_back(
+    spark: SparkSession, warehouse_dir: Path
+) -> None:
+    """Vacuums of several tables at once (as ``rebalancer vacuum`` runs them) with Delta's retention check off and a
+    small listing parallelism; afterwards the session's own values are back, whichever vacuum ended last."""
+    wh = _open(spark, warehouse_dir)
+    wh.create_tables(["topology", "lost_partitions"])
+    for major in (1, 2):
+        wh.replace_where("topology", _topology(spark, major, ["a"]), {"topology_major": major})
+        wh.replace_where("lost_partitions", _lost(spark, major, [0]), {"topology_major": major})
+    listing = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+    spark.conf.set(listing, "7")
+    check = "spark.databricks.delta.retentionDurationCheck.enabled"
+    spark.conf.unset(check)
+    wh.concurrent_commits = 2
+    deleted = wh.apply_retention(["topology", "lost_partitions"], "topology_major < 2", 0)
+    assert deleted > 0  # the files of version 1's rows, and of the rewrites that removed them
+    assert [r.topology_major for r in wh.read("topology").collect()] == [2]
+    assert spark.conf.get(listing) == "7" and spark.conf.get(check, None) in (None, "true")
+
+
 @delta_rs_only
 def test_exhausted_retries_raise_concurrent_write_error_and_leave_no_files(
     spark: SparkSession, warehouse_dir: Path, monkeypatch: pytest.MonkeyPatch

@@ -980,6 +980,20 @@ class Warehouse(abc.ABC):
         """Delta VACUUM: delete the data files that no table version of the last ``retain_hours`` hours
         references (time travel to older versions stops working). Returns how many files were deleted."""
 
+    def apply_retention(self, names: Sequence[str], condition: str | None, retain_hours: int) -> int:
+        """Per table: :meth:`delete_where` of ``condition`` (None: no delete), then :meth:`vacuum`. The tables are
+        independent, so up to ``concurrent_commits`` of them are done at once (as :meth:`replace_where_many`: each
+        of delta-spark's commands is Spark jobs whose fixed cost overlaps). Returns the files deleted in all."""
+        deleted: dict[str, int] = {}
+
+        def one(name: str) -> None:
+            if condition is not None:
+                self.delete_where(name, condition)
+            deleted[name] = self.vacuum(name, retain_hours)
+
+        commit_each(self.spark, {name: functools.partial(one, name) for name in names}, self.concurrent_commits)
+        return sum(deleted.values())
+
     # ---- SQL ----
     def register_views(self, names: Iterable[str] | None = None) -> None:
         """Make tables queryable as ``spark.sql("SELECT ... FROM <name>")`` (session temporary views).

@@ -25,8 +25,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import posixpath
+import threading
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlparse
@@ -98,6 +99,11 @@ _CONFLICT_MARKERS = (
 
 
 _FILE = "__rebalancer_file"  # a row's data file, joined to the commit that added it
+# VACUUM's session settings: retention below Delta's 168 hours is the caller's choice (`--retain-hours`), and Delta
+# lists a table's directories with Spark's parallelism for partition discovery (10,000 tasks by default); a table of
+# ours is one directory (no partition columns), and those tasks took 25 s of each table's 27 s on 2 cores.
+_RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
+_VACUUM_SETTINGS = {_RETENTION_CHECK: "false", "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2"}
 
 
 def is_delta_conflict(exc: BaseException) -> bool:
@@ -232,6 +238,9 @@ class DeltaSparkWarehouse(Warehouse):
     ) -> None:
         super().__init__(spark, commit_retries=commit_retries, concurrent_commits=concurrent_commits)
         self.catalog_prefix = catalog_prefix
+        self._vacuums_lock = threading.Lock()
+        self._vacuums = 0  # vacuums running (`_vacuum_settings`)
+        self._settings_before: dict[str, str | None] = {}
         self.root: str | None = None if catalog_prefix else warehouse_uri(warehouse or "warehouse")
         # Importing delta.exceptions installs delta-spark's conversion of its Java conflict errors into Python
         # classes; it is a convenience only (is_delta_conflict also reads the message), so failures are ignored.
@@ -511,17 +520,41 @@ class DeltaSparkWarehouse(Warehouse):
         retry_on_conflict(attempt, table=name, retries=self.commit_retries, is_conflict=is_delta_conflict)
 
     def vacuum(self, name: str, retain_hours: int) -> int:
-        check = "spark.databricks.delta.retentionDurationCheck.enabled"
-        before = self.spark.conf.get(check, "true") or "true"
-        self.spark.conf.set(check, "false")  # below Delta's 168 h on purpose: the caller chose the retention
         root = Path(self.path_of(name))
         listed = root.is_dir()  # a path table: count its data files (Delta's Python vacuum returns no count)
         files_before = _data_files(root) if listed else set()
-        try:
+        with self._vacuum_settings():
             self.spark.sql(f"VACUUM {self._reference(name)} RETAIN {int(retain_hours)} HOURS").collect()
-        finally:
-            self.spark.conf.set(check, before)
         return len(files_before - _data_files(root)) if listed else 0
+
+    @contextlib.contextmanager
+    def _vacuum_settings(self) -> Iterator[None]:
+        """The session's settings for VACUUM (:data:`_VACUUM_SETTINGS`) while any vacuum of this warehouse runs
+        (they may run at once: the session's own values come back when the last one ends, not the first)."""
+        with self._vacuums_lock:
+            if self._vacuums == 0:
+                self._settings_before = {}
+                for key, value in _VACUUM_SETTINGS.items():
+                    before = self.spark.conf.get(key, None)
+                    try:
+                        self.spark.conf.set(key, value)
+                    except Exception:  # noqa: BLE001 - a session that refuses it (a serverless one, say) runs as is
+                        if key != _RETENTION_CHECK:
+                            continue
+                        raise
+                    self._settings_before[key] = before
+            self._vacuums += 1
+        try:
+            yield
+        finally:
+            with self._vacuums_lock:
+                self._vacuums -= 1
+                if self._vacuums == 0:
+                    for key, before in self._settings_before.items():
+                        if before is None:
+                            self.spark.conf.unset(key)
+                        else:
+                            self.spark.conf.set(key, before)
 
     def merge(self, name: str, df: DataFrame, keys: Sequence[str], *, insert_only: bool = False) -> None:
         stored, optional = self._stored(name)
