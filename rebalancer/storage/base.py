@@ -983,7 +983,7 @@ class Warehouse(abc.ABC):
     def apply_retention(self, names: Sequence[str], condition: str | None, retain_hours: int) -> int:
         """Per table: :meth:`delete_where` of ``condition`` (None: no delete), then :meth:`vacuum`. The tables are
         independent, so up to ``concurrent_commits`` of them are done at once (as :meth:`replace_where_many`: each
-        of delta-spark's commands is Spark jobs whose fixed cost overlaps). Returns the files deleted in all."""
+        of delta-spark's commands runs Spark jobs whose fixed cost overlaps). Returns the files deleted in all."""
         deleted: dict[str, int] = {}
 
         def one(name: str) -> None:
