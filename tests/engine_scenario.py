@@ -55,21 +55,19 @@ def run_steps(
 ) -> Any:
     """Generate 4 nodes x 1 group x 16 partitions with the first step's engine, then per step (engine, event):
     node1's event if any, and an exchange on that engine. Returns the warehouse as the last step opened it."""
-    opened: tuple[str, Settings, Any] | None = None
+    wh: Any = None
     for i, (engine, event) in enumerate(steps):
-        if opened is None or opened[0] != engine:
+        if wh is None or wh.engine != engine:
             settings = Settings().with_overrides(storage={"warehouse": str(warehouse), "engine": engine,
                                                           "catalog_prefix": catalog_prefix})
-            opened = (engine, settings, open_warehouse(spark, settings.storage))
-            assert opened[2].engine == engine
-        _, settings, wh = opened
+            wh = open_warehouse(spark, settings.storage)
+            assert wh.engine == engine
         if i == 0:
             generate_into(spark, wh, settings, nodes=4, groups=1, partitions=16, backups=1, seed=3)
         if event:
             append_event(spark, wh, event, node_id="node1")
         run_exchange(spark, wh, settings)
-    assert opened is not None
-    return opened[2]
+    return wh
 
 
 def committed_rows(wh: Any) -> dict[str, Any]:

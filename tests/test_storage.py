@@ -496,7 +496,7 @@ def test_replace_where_arrow_of_no_rows_empties_the_version_and_commits_nothing_
     assert [(r.topology_major, r.node_id) for r in wh.read("topology").collect()] == [(1, "a")]
     if TEST_ENGINE == "delta-spark":
         assert wh.table_version("topology") == before
-    with pytest.raises(Exception, match="no_such_column"):
+    with pytest.raises(InvalidArgumentError, match="no_such_column"):
         wh.replace_where_arrow("topology", nothing, {"no_such_column": 3})
 
 
