@@ -141,8 +141,9 @@ Implementation
     target). A pair holds waiting steps only while one of its nodes is closed (for a COPY: the target's slots or
     inbound direction, the candidate's slots or outbound direction), so when a node opens only its pairs with an
     open partner are looked at (its list of pairs, or a bitwise AND of its partners with the open nodes when that
-    is shorter), merged in priority order; every waiting step taken out starts. Scheduling time is this loop, once
-    per candidate (docs/PLANNING.md, "Speed").
+    is shorter; each pair's best waiting rank is kept beside the node's partners, so that this reads the node's own
+    memory), merged in priority order; every waiting step taken out starts. The loop numbers the rows in priority
+    order. Scheduling time is this loop, once per candidate (docs/PLANNING.md, "Speed").
 """
 
 from __future__ import annotations
