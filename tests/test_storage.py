@@ -6,6 +6,7 @@ and its pure helpers (SQL text is checked by running it through Spark).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import glob
 import json
@@ -702,6 +703,28 @@ def test_delta_spark_vacuums_at_once_and_gives_the_session_its_settings_back(
     assert deleted > 0  # the files of version 1's rows, and of the rewrites that removed them
     assert [r.topology_major for r in wh.read("topology").collect()] == [2]
     assert spark.conf.get(listing) == "7" and spark.conf.get(check, None) in (None, "true")
+
+
+def test_delta_spark_vacuum_settings_are_the_sessions_whichever_warehouse_ends_last(
+    spark: SparkSession, warehouse_dir: Path
+) -> None:
+    """Two warehouses on one session vacuum at once and the first ends first: the second keeps Delta's retention
+    check off until it ends, and then the session's own values come back (counted per warehouse, the first restored
+    them under the second, and the second then left the check off for good). Settings only: no Delta jar needed."""
+    check = "spark.databricks.delta.retentionDurationCheck.enabled"
+    listing = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+    spark.conf.unset(check)
+    spark.conf.set(listing, "7")
+    first, second = (DeltaSparkWarehouse(spark, warehouse_dir) for _ in range(2))
+    try:
+        with contextlib.ExitStack() as first_running:
+            first_running.enter_context(first._vacuum_settings())
+            with second._vacuum_settings():
+                first_running.close()
+                assert (spark.conf.get(check), spark.conf.get(listing)) == ("false", "2")
+        assert spark.conf.get(check, None) is None and spark.conf.get(listing) == "7"
+    finally:
+        spark.conf.unset(listing)
 
 
 @delta_rs_only

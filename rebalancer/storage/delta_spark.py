@@ -104,6 +104,10 @@ _FILE = "__rebalancer_file"  # a row's data file, joined to the commit that adde
 # ours is one directory (no partition columns), and those tasks took 25 s of each table's 27 s on 2 cores.
 _RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 _VACUUM_SETTINGS = {_RETENTION_CHECK: "false", "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2"}
+# Per session (by id), while vacuums run in it: how many, and the session's own values of _VACUUM_SETTINGS. Counted
+# per session, not per warehouse: the settings are the session's, and two warehouses may share one.
+_VACUUMS: dict[int, tuple[int, dict[str, str | None]]] = {}
+_VACUUMS_LOCK = threading.Lock()
 
 
 def is_delta_conflict(exc: BaseException) -> bool:
@@ -238,9 +242,6 @@ class DeltaSparkWarehouse(Warehouse):
     ) -> None:
         super().__init__(spark, commit_retries=commit_retries, concurrent_commits=concurrent_commits)
         self.catalog_prefix = catalog_prefix
-        self._vacuums_lock = threading.Lock()
-        self._vacuums = 0  # vacuums running (`_vacuum_settings`)
-        self._settings_before: dict[str, str | None] = {}
         self.root: str | None = None if catalog_prefix else warehouse_uri(warehouse or "warehouse")
         # Importing delta.exceptions installs delta-spark's conversion of its Java conflict errors into Python
         # classes; it is a convenience only (is_delta_conflict also reads the message), so failures are ignored.
@@ -529,32 +530,35 @@ class DeltaSparkWarehouse(Warehouse):
 
     @contextlib.contextmanager
     def _vacuum_settings(self) -> Iterator[None]:
-        """The session's settings for VACUUM (:data:`_VACUUM_SETTINGS`) while any vacuum of this warehouse runs
-        (they may run at once: the session's own values come back when the last one ends, not the first)."""
-        with self._vacuums_lock:
-            if self._vacuums == 0:
-                self._settings_before = {}
+        """The session's settings for VACUUM (:data:`_VACUUM_SETTINGS`) while any vacuum runs in it (they may run at
+        once, from one warehouse or several: the session's own values come back when the last one ends)."""
+        session = id(self.spark)
+        with _VACUUMS_LOCK:
+            running, before = _VACUUMS.get(session, (0, {}))
+            if running == 0:
                 for key, value in _VACUUM_SETTINGS.items():
-                    before = self.spark.conf.get(key, None)
+                    own = self.spark.conf.get(key, None)
                     try:
                         self.spark.conf.set(key, value)
                     except Exception:  # noqa: BLE001 - a session that refuses it (a serverless one, say) runs as is
                         if key != _RETENTION_CHECK:
                             continue
                         raise
-                    self._settings_before[key] = before
-            self._vacuums += 1
+                    before[key] = own
+            _VACUUMS[session] = (running + 1, before)
         try:
             yield
         finally:
-            with self._vacuums_lock:
-                self._vacuums -= 1
-                if self._vacuums == 0:
-                    for key, before in self._settings_before.items():
-                        if before is None:
+            with _VACUUMS_LOCK:
+                running, before = _VACUUMS.pop(session)
+                if running > 1:
+                    _VACUUMS[session] = (running - 1, before)
+                else:
+                    for key, own in before.items():
+                        if own is None:
                             self.spark.conf.unset(key)
                         else:
-                            self.spark.conf.set(key, before)
+                            self.spark.conf.set(key, own)
 
     def merge(self, name: str, df: DataFrame, keys: Sequence[str], *, insert_only: bool = False) -> None:
         stored, optional = self._stored(name)
