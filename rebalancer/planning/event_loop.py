@@ -187,15 +187,14 @@ def _partners(pair_u: np.ndarray, pair_w: np.ndarray, pair_slot: np.ndarray, nn:
     # (owner, partner) is unique, so a word's bits add up exactly, also in float64 (below 2 ** 32)
     bits = np.bincount(word, weights=np.left_shift(1, partner & 31).astype(np.float64), minlength=3 * nn * words)
     before = _offsets(np.bincount(word, minlength=3 * nn * words))[:-1]
-    listed = pair[order]
-    places = np.argsort(listed, kind="stable")  # each pair's places, its first node's first (owner order)
-    second = np.zeros(len(places), dtype=bool)
-    np.equal(listed[places[1:]], listed[places[:-1]], out=second[1:])
+    place = np.empty(len(order), dtype=np.int64)  # where each (owner, partner) went
+    place[order] = np.arange(len(order), dtype=np.int64)
     at_u = np.full(len(pair_u), -1, dtype=np.int64)
     at_w = np.full(len(pair_u), -1, dtype=np.int64)
-    at_u[listed[places[~second]]] = places[~second]
-    at_w[listed[places[second]]] = places[second]
-    return before, bits.astype(np.int64), listed, at_u, at_w
+    ends = np.cumsum([len(copy), len(copy), len(slot), len(other)])
+    at_u[copy], at_w[copy] = place[: ends[0]], place[ends[0] : ends[1]]
+    at_u[slot], at_w[other] = place[ends[1] : ends[2]], place[ends[2] :]
+    return before, bits.astype(np.int64), pair[order], at_u, at_w
 
 
 def dense_codes(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
