@@ -138,8 +138,8 @@ def _layout(x: LoopInput) -> tuple[np.ndarray, ...]:
     ``_loop``'s parameters: each pool entry's pair; each PROMOTE's or DROP's pair (-1 for a COPY); each pair's two
     nodes and whether it is a slot pair; ``heap_start`` (each pair's slice of the waiting entries: a step waits at
     most once, in each of its pairs); ``pairs_start`` (each node's slice of the list of its pairs); ``in_start`` /
-    ``out_start`` (each node's slice of its running transfers, at most its cap); and the three
-    arrays of :func:`_partners`.
+    ``out_start`` (each node's slice of its running transfers, at most its cap); and the five arrays of
+    :func:`_partners`.
     """
     action, nn = np.asarray(x.action), x.nn
     n = len(action)
@@ -291,7 +291,7 @@ def _loop(action, tgt, src, nxt, pool_node, pool_start, nbytes, stream, solo, fi
     for v in range(nn):
         for kind in range(3):
             open_bits[kind * words + (v >> 5)] |= 1 << (v & 31)
-    # Blocked ready steps wait by rank in one heap per pair of nodes (`_layout`): waiting[heap_start[p]:][:heap_len
+    # Blocked ready steps wait by rank in one heap per pair of nodes (`_layout`): heaps[heap_start[p]:][:heap_len
     # [p]]. A pair only holds steps while one of its nodes is closed, so when a node opens only its pairs are looked
     # at. A node's pairs that hold steps are listed lazily in pairs_of[pairs_start[v]:][:pairs_n[v]]: a pair leaves
     # the list when it is next read after its heap emptied (`listed[p]`: bit 1 while in its first node's list, bit
@@ -322,8 +322,8 @@ def _loop(action, tgt, src, nxt, pool_node, pool_start, nbytes, stream, solo, fi
     # frontier checks it before it starts anything).
     pair_head = np.zeros(len(partner_pair), dtype=np.int64)
     # The pairs' heaps of waiting steps, then the ready steps' heap (`fresh`), then the heap of pairs to dispatch
-    # from (`frontier`), in one array the inner functions close over (as `moving` and `open_flags` hold what were
-    # three arrays): numba counts the references to an array passed as an argument, atomically, at every call; a
+    # from (`frontier`), in one array the inner functions close over (as `moving` holds what were two arrays and
+    # `open_flags` three): numba counts the references to an array passed as an argument, atomically, at every call; a
     # profile of the million-step plan had 12% of the loop's samples on those counts, 5% after.
     fresh = heap_start[npairs]
     frontier = fresh + n
