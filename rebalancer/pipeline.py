@@ -127,6 +127,9 @@ LARGE_TABLES = ("ideal_assignment", "affinity_assignment", "partition_map", "par
 #: The stages an exchange's wall time is split into (``ExchangeSummary.stage_seconds``), in the order they run.
 STAGES = ("inputs", "unsettled", "kernel", "plan", "routing", "writes", "stamps", "commit")
 _SMALL_KINDS = ("counter_conflicts", "lost_partitions", "steps")
+#: The tables every exchange commits to, in the order it does (an engine prepares those commits while the exchange
+#: computes its rows: ``Warehouse.commits_ahead``). Not the small kinds, often empty and then not committed at all.
+PREPARED_TABLES = ("topology", *LARGE_TABLES, "client_affinity", "partition_stamps", "exchanges")
 
 
 class ExchangeConflictError(RuntimeError):
@@ -321,7 +324,8 @@ def run_exchange(
             summary = run.exchange(switch, prev, meter, last=True, switch_check=True)
             return [summary] if summary is not None else []
         for i, step in enumerate(steps):
-            summary = run.exchange(step, prev, meter, last=i == len(steps) - 1)
+            with warehouse.commits_ahead(PREPARED_TABLES):
+                summary = run.exchange(step, prev, meter, last=i == len(steps) - 1)
             assert summary is not None
             summaries.append(summary)
             prev = run.committed_after(step, summary, prev)

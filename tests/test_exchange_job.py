@@ -318,3 +318,32 @@ def test_the_scenarios_run_on_the_engine_and_spark_api_this_run_asked_for(spark:
     connect = type(spark).__module__.startswith("pyspark.sql.connect")
     assert connect == (TEST_API_MODE == "connect")
     assert open_warehouse(spark, StorageSettings(), tmp_path / "w").engine == TEST_ENGINE
+
+
+def test_every_exchange_prepares_the_commits_it_makes(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each exchange names the tables it will commit to before computing its rows (an engine prepares those commits
+    meanwhile: delta-spark computes Delta's state of each table ahead, docs/STORAGE.md); each named table gets its
+    new version, so none is prepared for nothing in a plain exchange."""
+    from contextlib import AbstractContextManager
+
+    from rebalancer.pipeline import PREPARED_TABLES
+
+    c = steady_three_nodes(spark, tmp_path / "w")
+    real = c.warehouse.commits_ahead
+    named: list[tuple[str, ...]] = []
+
+    def spy(names: Any) -> AbstractContextManager[None]:
+        named.append(tuple(names))
+        return real(names)
+
+    monkeypatch.setattr(c.warehouse, "commits_ahead", spy)
+    before = {name: c.warehouse.table_version(name) for name in PREPARED_TABLES}
+    c.event("NODE_FAILED", node="n2")
+    [_] = c.exchange()
+    c.join("n4")
+    [_] = c.exchange()
+    assert named == [PREPARED_TABLES] * 2
+    after = {name: c.warehouse.table_version(name) for name in PREPARED_TABLES}
+    assert all(after[name] >= before[name] + 2 for name in PREPARED_TABLES), (before, after)

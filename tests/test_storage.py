@@ -667,6 +667,49 @@ def test_delta_spark_never_loses_or_doubles_a_rewrite_a_rival_overtakes(
         wh.replace_where("topology", _topology(spark, 4, ["stray"]), {"topology_major": 3})
 
 
+def _succeeded_jobs(spark: SparkSession, group: str) -> int:
+    tracker = spark.sparkContext.statusTracker()
+    infos = (tracker.getJobInfo(i) for i in tracker.getJobIdsForGroup(group))
+    return sum(1 for info in infos if info is not None and info.status == "SUCCEEDED")
+
+
+@pytest.mark.skipif(TEST_ENGINE != "delta-spark", reason="about the delta-spark engine's commits prepared ahead")
+def test_delta_spark_commits_prepared_ahead_run_their_write_alone(spark: SparkSession, warehouse_dir: Path) -> None:
+    """A guarded commit runs two Spark jobs: Delta's state of the table (for the transaction ids), then the write.
+    Within ``commits_ahead`` a background thread computes the named tables' states while the caller works, so
+    their commits run the write alone; a table whose commit came first is not prepared after it (that would compute
+    the state of a snapshot nobody commits from). Same rows either way."""
+    if TEST_API_MODE == "connect":
+        pytest.skip("job groups are a classic-session notion; Connect has tags")
+    wh = _open(spark, warehouse_dir)
+    others = ["ideal_assignment", "partition_map"]  # prepared before topology: the thread reaches it late
+    wh.create_tables(["topology", "lost_partitions", *others])
+    for name in others:  # a table with rows: one job for its state (two for a table only created)
+        wh.append(name, spark.createDataFrame(_rows_for(tables.SCHEMAS[name])[:2], tables.SCHEMAS[name]))
+    wh.replace_where("topology", _topology(spark, 1, ["a"]), {"topology_major": 1})
+    wh.replace_where("lost_partitions", _lost(spark, 1, [0]), {"topology_major": 1})
+    sc = spark.sparkContext
+    group = f"prepared-{uuid.uuid4().hex}"
+    sc.setJobGroup(group, "test")
+    try:
+        wh.replace_where("topology", _topology(spark, 2, ["a"]), {"topology_major": 2})
+        assert _succeeded_jobs(spark, group) == 2  # unprepared: the state, the write
+        with wh.commits_ahead(["lost_partitions", *others, "topology"]):
+            # topology's commit comes at once, while the thread computes the others' states: it computes its own
+            # (or waits for the thread's, had the thread got there first)
+            wh.replace_where("topology", _topology(spark, 3, ["a"]), {"topology_major": 3})
+            deadline = time.monotonic() + 30
+            while _succeeded_jobs(spark, group) < 2 + 2 + 3 and time.monotonic() < deadline:
+                time.sleep(0.05)  # topology's two jobs and three states from the thread
+            assert _succeeded_jobs(spark, group) == 2 + 2 + 3
+            wh.replace_where("lost_partitions", _lost(spark, 3, [1]), {"topology_major": 3})
+        assert _succeeded_jobs(spark, group) == 2 + 2 + 3 + 1  # its write alone; topology was not prepared again
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    assert sorted(r.topology_major for r in wh.read("topology").collect()) == [1, 2, 3]
+    assert sorted((r.topology_major, r.partition_id) for r in wh.read("lost_partitions").collect()) == [(1, 0), (3, 1)]
+
+
 @pytest.mark.skipif(TEST_ENGINE != "delta-spark", reason="about the delta-spark engine's reads through delta-rs")
 def test_delta_spark_reads_through_delta_a_table_delta_rs_cannot_read(
     spark: SparkSession, warehouse_dir: Path

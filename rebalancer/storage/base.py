@@ -24,8 +24,9 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urlparse
@@ -874,6 +875,13 @@ class Warehouse(abc.ABC):
         """
         commits = {name: functools.partial(self._replace_one, name, rows, where) for name, rows in frames.items()}
         commit_each(self.spark, commits, self.concurrent_commits, committed)
+
+    @contextmanager
+    def commits_ahead(self, names: Sequence[str]) -> Iterator[None]:
+        """Within this block the caller will commit to the tables ``names`` (an exchange says so before it computes
+        its rows): an engine may prepare those commits meanwhile, and has stopped preparing when the block ends.
+        A hint only: a commit is the same, prepared or not. delta-rs has nothing to prepare."""
+        yield
 
     def _replace_one(self, name: str, rows: DataFrame | pa.Table, where: Mapping[str, WhereValue]) -> None:
         if isinstance(rows, pa.Table):

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import posixpath
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlparse
@@ -75,6 +77,8 @@ if TYPE_CHECKING:
     from rebalancer.storage.delta_rs import DeltaRsWarehouse
 
 T = TypeVar("T")
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["DeltaSparkWarehouse", "is_delta_conflict", "table_reference", "view_sql", "warehouse_uri"]
 
@@ -242,6 +246,9 @@ class DeltaSparkWarehouse(Warehouse):
     ) -> None:
         super().__init__(spark, commit_retries=commit_retries, concurrent_commits=concurrent_commits)
         self.catalog_prefix = catalog_prefix
+        # Tables named to commits_ahead whose state is not being computed yet (nor their commit started).
+        self._ahead: set[str] = set()
+        self._ahead_lock = threading.Lock()
         self.root: str | None = None if catalog_prefix else warehouse_uri(warehouse or "warehouse")
         # Importing delta.exceptions installs delta-spark's conversion of its Java conflict errors into Python
         # classes; it is a convenience only (is_delta_conflict also reads the message), so failures are ignored.
@@ -405,7 +412,14 @@ class DeltaSparkWarehouse(Warehouse):
         optional = set(stored.names) - set(declared.names) if declared is not None else set()
         return stored, optional
 
+    def _committing(self, name: str) -> None:
+        """A commit to ``name`` starts: too late to prepare it (commits_ahead); it computes the state, or waits for
+        the thread computing it."""
+        with self._ahead_lock:
+            self._ahead.discard(name)
+
     def _save(self, rows: DataFrame, name: str, mode: str, options: Mapping[str, str] | None = None) -> None:
+        self._committing(name)
         writer = rows.write.format("delta").mode(mode)
         for key, value in (options or {}).items():
             writer = writer.option(key, value)
@@ -497,6 +511,47 @@ class DeltaSparkWarehouse(Warehouse):
         if token not in reader.user_metadata_since(name, version):
             raise _Overtaken(f"another writer rewrote {name} after version {version}; this write was skipped")
 
+    @contextmanager
+    def commits_ahead(self, names: Sequence[str]) -> Iterator[None]:
+        """Delta computes a table's state (a Spark job over its log) before each guarded commit, for the transaction
+        ids (Delta 4.4 takes them from that state, not from the checksum file), and keeps the state with the table's
+        snapshot. ``DESCRIBE DETAIL`` computes the same state of the current snapshot, so a background thread runs
+        it for ``names``, in order, while the caller computes the rows: those jobs overlap the caller's, and a commit
+        made from that snapshot finds its state ready (one whose table changed meanwhile computes its own, as
+        without). A commit that starts while its table's state is being computed waits for it (Delta computes it
+        once per snapshot). The jobs run in the caller's job group, so they are counted with its work."""
+        from pyspark import inheritable_thread_target  # the thread gets the caller's job group and description
+
+        stop = threading.Event()
+        with self._ahead_lock:
+            self._ahead.update(names)
+
+        def prepare() -> None:
+            _describe_jobs_as(self.spark, "preparing commits")
+            for name in names:
+                if stop.is_set():
+                    return
+                with self._ahead_lock:
+                    if name not in self._ahead:  # its commit came first: that snapshot is gone
+                        continue
+                    self._ahead.discard(name)
+                try:
+                    self.spark.sql(f"DESCRIBE DETAIL {self._reference(name)}").collect()
+                except Exception as exc:  # a hint only: the commit computes the state itself
+                    _log.debug("preparing the commit to %s: %s", name, exc)
+
+        # One thread: on 2 cores, four (one per concurrent commit) slowed the kernel's job more than they saved.
+        thread = threading.Thread(target=inheritable_thread_target(self.spark)(prepare), daemon=True,
+                                  name="rebalancer-commits-ahead")
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            with self._ahead_lock:
+                self._ahead.difference_update(names)
+
     def insert_absent_arrow(self, name: str, rows: pa.Table, keys: Sequence[str]) -> None:
         """As on delta-rs: the keys already stored are read on the driver and the rest appended as a guarded rewrite
         (two Spark jobs; Delta's insert-only MERGE, used without a driver reader, runs five)."""
@@ -574,6 +629,7 @@ class DeltaSparkWarehouse(Warehouse):
         )
 
         def attempt() -> None:
+            self._committing(name)
             try:
                 self.spark.sql(statement).collect()
             except Exception as exc:
@@ -621,6 +677,17 @@ class DeltaSparkWarehouse(Warehouse):
                 f"table {name} does not exist at {self.path_of(name)}; create it first (rebalancer init, or "
                 f"Warehouse.create_tables)."
             )
+
+
+def _describe_jobs_as(spark: SparkSession, what: str) -> None:
+    """This thread's Spark jobs described as ``what`` of the work it inherited (``rebalancer exchange: <stage>``
+    becomes ``rebalancer exchange: <what>``); nothing on Spark Connect, which has tags, not descriptions."""
+    try:
+        sc = spark.sparkContext
+    except Exception:
+        return
+    work = (sc.getLocalProperty("spark.job.description") or "rebalancer").split(": ")[0]
+    sc.setJobDescription(f"{work}: {what}")
 
 
 class _Overtaken(RuntimeError):
