@@ -8,7 +8,10 @@ default cap to time the scheduler. Times are of this process: wall seconds and C
 to read on a shared machine).
 
 ``--compare REF`` also schedules every plan with the scheduler of git commit ``REF`` (its ``ours`` and its own
-lower bound), to print the figures before and after a change side by side.
+lower bound), to print the figures before and after a change side by side. The scheduler of ``REF`` is its whole
+``rebalancer/planning`` package (the event loop too), copied under ``.cache/bench-schedulers/`` as a package of its
+own, where numba caches its compiled loop. ``--repeat N`` schedules each plan N times with ``ours`` (alternating
+with ``REF``'s when comparing: the machine's load then weighs on both alike) and reports the median CPU seconds.
 
 Run from the repository root: ``.venv/bin/python bench/schedule.py [--compare REF] [--json OUT]``; it prints a
 Markdown table. ``--synthetic 0`` skips the synthetic plan; ``--only M,XL`` keeps some scenarios.
@@ -17,13 +20,13 @@ Markdown table. ``--synthetic 0`` skips the synthetic plan; ``--only M,XL`` keep
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -61,6 +64,8 @@ class Row:
     before_ours_s: float | None = None
     before_bound_s: float | None = None
     before_wall_s: float | None = None
+    before_cpu_s: float | None = None
+    runs: int = 1
 
     @property
     def over_bound(self) -> float:
@@ -75,46 +80,66 @@ def timed(call: Callable[[], pa.Table]) -> tuple[pa.Table, float, float]:
 
 
 def load_scheduler(ref: str) -> ModuleType:
-    """The scheduler module as of git commit ``ref``, imported from a temporary file."""
-    source = subprocess.run(
-        ["git", "-C", str(REPO), "show", f"{ref}:rebalancer/planning/schedule.py"],
-        check=True, capture_output=True, text=True,
-    ).stdout
-    path = Path(tempfile.mkdtemp()) / "schedule_before.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("schedule_before", path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"cannot import the scheduler of {ref}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    """The scheduler module of git commit ``ref`` with the event loop of that commit: its ``rebalancer/planning``
+    copied to ``.cache/bench-schedulers/planning_<commit>`` and imported as that package (its imports of
+    ``rebalancer.planning`` renamed), so that numba caches its compiled loop there, once per commit."""
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", ref], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    package = f"planning_{commit}"
+    parent = REPO / ".cache" / "bench-schedulers"
+    target = parent / package
+    if not (target / "schedule.py").is_file():
+        listing = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", f"{commit}:rebalancer/planning"],
+                                 check=True, capture_output=True, text=True).stdout.split()
+        target.mkdir(parents=True, exist_ok=True)
+        for name in (n for n in listing if n.endswith(".py")):
+            source = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:rebalancer/planning/{name}"],
+                                    check=True, capture_output=True, text=True).stdout
+            (target / name).write_text(source.replace("rebalancer.planning", package))
+    sys.path.insert(0, str(parent))
+    loop = sys.modules.get(f"{package}.event_loop") or importlib.import_module(f"{package}.event_loop")
+    if hasattr(loop, "compile_ahead"):
+        loop.compile_ahead()
+    return importlib.import_module(f"{package}.schedule")
 
 
-def measure(name: tuple[str, str], plan: pa.Table, caps: tuple[int, ...], before: ModuleType | None) -> list[Row]:
-    """Every policy and the bound of ``plan`` at each cap (serial does not depend on the cap: run once)."""
+def measure(
+    name: tuple[str, str], plan: pa.Table, caps: tuple[int, ...], before: ModuleType | None, repeat: int = 1
+) -> list[Row]:
+    """Every policy and the bound of ``plan`` at each cap (serial does not depend on the cap: run once); ``ours``
+    (and ``before``'s, alternating) ``repeat`` times, with the median CPU seconds."""
     rows = []
     serial_s = scheduler.makespan(scheduler.schedule(plan, scheduler.CostModel(), "serial"))
     for cap in caps:
         model = scheduler.CostModel(max_parallel_per_node=cap)
-        ours, wall, cpu = timed(lambda model=model: scheduler.schedule(plan, model, "ours"))
+        old_model = before.CostModel(max_parallel_per_node=cap) if before is not None else None
+        times: list[tuple[float, float]] = []
+        old_times: list[tuple[float, float]] = []
+        for _ in range(repeat):
+            ours, wall, cpu = timed(lambda model=model: scheduler.schedule(plan, model, "ours"))
+            times.append((wall, cpu))
+            if before is not None:
+                old, old_wall, old_cpu = timed(lambda old_model=old_model: before.schedule(plan, old_model, "ours"))
+                old_times.append((old_wall, old_cpu))
         extra: dict[str, Any] = {}
         if before is not None:
-            old_model = before.CostModel(max_parallel_per_node=cap)
-            old, old_wall, _ = timed(lambda old_model=old_model: before.schedule(plan, old_model, "ours"))
             extra = {
                 "before_ours_s": before.makespan(old),
                 "before_bound_s": before.lower_bound(old, old_model),
-                "before_wall_s": old_wall,
+                "before_wall_s": statistics.median(w for w, _ in old_times),
+                "before_cpu_s": statistics.median(c for _, c in old_times),
             }
+        wall, cpu = statistics.median(w for w, _ in times), statistics.median(c for _, c in times)
         rows.append(Row(
             scenario=name[0], change=name[1], steps=plan.num_rows, cap=cap,
             ours_s=scheduler.makespan(ours),
             hazelcast_s=scheduler.makespan(scheduler.schedule(plan, model, "hazelcast")),
-            serial_s=serial_s, bound_s=scheduler.lower_bound(ours, model), ours_wall_s=wall, ours_cpu_s=cpu, **extra,
+            serial_s=serial_s, bound_s=scheduler.lower_bound(ours, model), ours_wall_s=wall, ours_cpu_s=cpu,
+            runs=repeat, **extra,
         ))
+        versus = f" (before: {extra['before_cpu_s']:.2f} s)" if extra else ""
         print(f"  {name[0]} {name[1]} cap {cap}: ours {rows[-1].ours_s:.2f} s, bound {rows[-1].bound_s:.2f} s "
-              f"({rows[-1].over_bound:+.1%}), scheduled in {cpu:.2f} s CPU", file=sys.stderr, flush=True)
+              f"({rows[-1].over_bound:+.1%}), scheduled in {cpu:.2f} s CPU{versus}", file=sys.stderr, flush=True)
     return rows
 
 
@@ -133,16 +158,17 @@ def seconds(value: float) -> str:
 def markdown(rows: list[Row], with_before: bool) -> str:
     head = ["scenario", "change", "steps", "cap"]
     if with_before:
-        head += ["before: ours", "before: bound", "before: over"]
+        head += ["before: ours", "before: bound", "before: over", "before: scheduled in (CPU)"]
     head += ["ours", "hazelcast", "serial", "bound", "ours over bound", "ours <= baselines", "ours scheduled in (CPU)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r.scenario, r.change, f"{r.steps:,}", str(r.cap)]
         if with_before and r.before_ours_s is not None and r.before_bound_s is not None:
             cells += [seconds(r.before_ours_s), seconds(r.before_bound_s),
-                      f"{r.before_ours_s / r.before_bound_s - 1:.1%}" if r.before_bound_s else "-"]
+                      f"{r.before_ours_s / r.before_bound_s - 1:.1%}" if r.before_bound_s else "-",
+                      f"{r.before_cpu_s:.2f} s" if r.before_cpu_s is not None else "-"]
         elif with_before:
-            cells += ["-", "-", "-"]
+            cells += ["-", "-", "-", "-"]
         fine = r.ours_s <= r.hazelcast_s + 1e-9 and r.ours_s <= r.serial_s + 1e-9
         cells += [seconds(r.ours_s), seconds(r.hazelcast_s), seconds(r.serial_s), seconds(r.bound_s),
                   f"{r.over_bound:.1%}", "yes" if fine else "**no**", f"{r.ours_cpu_s:.2f} s"]
@@ -156,6 +182,8 @@ def main() -> None:
     parser.add_argument("--caps", default=",".join(map(str, CAPS)), help="comma-separated per-node caps")
     parser.add_argument("--synthetic", type=int, default=1_000_000, help="steps of the synthetic plan (0: none)")
     parser.add_argument("--compare", metavar="REF", help="also schedule with the scheduler of this git commit")
+    parser.add_argument("--repeat", type=int, default=1, help="schedule each plan this many times with ours "
+                        "(alternating with --compare's), reporting the median CPU seconds")
     parser.add_argument("--json", metavar="OUT", help="write the rows and the run's facts to this file")
     args = parser.parse_args()
     caps = tuple(int(c) for c in args.caps.split(","))
@@ -167,10 +195,10 @@ def main() -> None:
     rows: list[Row] = []
     for change in changes:
         plan = scenario_plan(change)
-        rows += measure((change.scenario, change.change), plan, caps, before)
+        rows += measure((change.scenario, change.change), plan, caps, before, args.repeat)
     if args.synthetic:
         plan = synthetic_plan(args.synthetic, SYNTHETIC_NODES)
-        rows += measure(("synthetic", f"{SYNTHETIC_NODES:,} nodes"), plan, (10,), before)
+        rows += measure(("synthetic", f"{SYNTHETIC_NODES:,} nodes"), plan, (10,), before, args.repeat)
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
@@ -179,6 +207,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(began)),
         "commit": commit + (" plus uncommitted changes" if dirty else ""),
         "compare": args.compare,
+        "repeat": args.repeat,
         "command": " ".join(["bench/schedule.py", *sys.argv[1:]]),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "cost_model": asdict(scheduler.CostModel()),
