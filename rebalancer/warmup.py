@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 
+from rebalancer import delta_jars
 from rebalancer.config import Settings, SparkSettings
 from rebalancer.operations import generate_into
 from rebalancer.pipeline import run_exchange
@@ -32,21 +33,28 @@ def main() -> None:
     """Build :data:`~rebalancer.session.CLASS_ARCHIVE` (replacing an older one)."""
     started = time.perf_counter()
     CLASS_ARCHIVE.unlink(missing_ok=True)
+    # With the Delta jars when the install fetched them: they are added to Spark's own class loader, not to the
+    # JVM's class path, so the archive serves sessions with and without them; Delta's classes are not archived,
+    # the Spark classes its commits and reads use are.
     spark = get_spark(
         SparkSettings(master="local[2]", shuffle_partitions=2, driver_memory="1g", app_name="rebalancer-warmup"),
         extra_conf={"spark.driver.extraJavaOptions": java_options("make")},
+        delta=True,
     )
-    with tempfile.TemporaryDirectory(prefix="rebalancer-warmup-") as directory:
-        settings = Settings().with_overrides(storage={"warehouse": directory, "engine": "delta-rs"})
-        warehouse = open_warehouse(spark, settings.storage)
-        generate_into(spark, warehouse, settings, nodes=4, groups=1, partitions=16, backups=1, seed=0)
-        run_exchange(spark, warehouse, settings)
-        append_event(spark, warehouse, "NODE_FAILED", node_id="node1")
-        run_exchange(spark, warehouse, settings)
-        warehouse.register_views()
-        spark.sql("SELECT count(*) FROM partition_map").collect()
+    engines = ["delta-rs", *(["delta-spark"] if delta_jars.jars() else [])]
+    for engine in engines:
+        with tempfile.TemporaryDirectory(prefix="rebalancer-warmup-") as directory:
+            settings = Settings().with_overrides(storage={"warehouse": directory, "engine": engine})
+            warehouse = open_warehouse(spark, settings.storage)
+            generate_into(spark, warehouse, settings, nodes=4, groups=1, partitions=16, backups=1, seed=0)
+            run_exchange(spark, warehouse, settings)
+            append_event(spark, warehouse, "NODE_FAILED", node_id="node1")
+            run_exchange(spark, warehouse, settings)
+            warehouse.register_views()
+            spark.sql("SELECT count(*) FROM partition_map").collect()
     spark.stop()
-    print(f"rebalancer: session warm-up done in {time.perf_counter() - started:.0f} s; the JVM records its classes "
+    print(f"rebalancer: session warm-up ({', '.join(engines)}) done in {time.perf_counter() - started:.0f} s; the JVM "
+          f"records its classes "
           f"in {CLASS_ARCHIVE} as it exits", file=sys.stderr)  # (after this process ends)
     started = time.perf_counter()
     if event_loop.compile_ahead():
