@@ -85,7 +85,7 @@ sys.path.insert(0, str(REPO))  # the bench package (bench/repo.py)
 import pyarrow.compute as pc  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
-from bench.repo import git  # noqa: E402
+from bench.repo import measured_code  # noqa: E402
 from rebalancer.config import Settings, load_settings  # noqa: E402
 from rebalancer.operations import append_event  # noqa: E402
 from rebalancer.pipeline import STAGES, VERSIONED_TABLES, ExchangeSummary, run_exchange  # noqa: E402
@@ -752,8 +752,7 @@ def main() -> None:  # noqa: C901 (a linear script)
             "command": shlex.join([".venv/bin/python", "bench/exchange.py", *sys.argv[1:]]),
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "total_benchmark_s": round(time.perf_counter() - t_start, 1),
-            "code": {"commit": git("rev-parse", "--short", "HEAD"), "uncommitted_changes_in_rebalancer":
-                     git("status", "--porcelain", "--", "rebalancer").splitlines()},
+            "code": measured_code(),
             "machine": machine_info(spark, pristine),
             "load_average": {"before": [round(x, 2) for x in load_before],
                              "after": [round(x, 2) for x in os.getloadavg()],

@@ -4,13 +4,30 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def git(*args: str) -> str:
-    """``git ARGS`` run in the repository: its output, stripped; "" when git is missing or fails."""
+def git(*args: str, cwd: Path = REPO) -> str:
+    """``git ARGS`` run in the repository (or ``cwd``): its output, stripped; "" when git is missing or fails."""
     try:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return ""
+
+
+def measured_code() -> dict[str, Any]:
+    """The commit of the ``rebalancer`` package this process imports, and its uncommitted changes: this checkout's,
+    or another checkout's put first on ``PYTHONPATH`` (a worktree of an older commit, for before/after runs that
+    alternate), named then in ``rebalancer_from``."""
+    import rebalancer
+
+    tree = Path(rebalancer.__file__).resolve().parent.parent
+    code: dict[str, Any] = {
+        "commit": git("rev-parse", "--short", "HEAD", cwd=tree),
+        "uncommitted_changes_in_rebalancer": git("status", "--porcelain", "--", "rebalancer", cwd=tree).splitlines(),
+    }
+    if tree != REPO:
+        code["rebalancer_from"] = str(tree)
+    return code
