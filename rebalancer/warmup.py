@@ -4,11 +4,12 @@ compile the scheduler's event loop for large plans.
 ``make install`` runs ``python -m rebalancer.warmup`` once. It starts a local session whose JVM writes a
 class-data-sharing archive when it exits (``-XX:ArchiveClassesAtExit``, :data:`rebalancer.session.CLASS_ARCHIVE`),
 and runs what a user runs first: generate a small cluster, two exchanges (its first version and a failure), a SQL
-query. Every later session rebalancer builds maps that archive instead of loading and verifying the classes again
-(docs/PERFORMANCE.md has the measurements). Then it compiles the scheduler's loop with numba
-(:func:`rebalancer.planning.event_loop.compile_ahead`, a few minutes; numba caches it), which plans of
-:data:`~rebalancer.planning.event_loop.COMPILED_FROM_STEPS` steps or more run. Nothing here changes results; without
-the archive sessions just start slower, without the compiled loop the first large plan compiles it.
+query, on delta-rs and, when the install fetched Delta's jars, on delta-spark. Every later session rebalancer builds
+maps that archive instead of loading and verifying the classes again (docs/PERFORMANCE.md has the measurements).
+Then it compiles the scheduler's loop with numba (:func:`rebalancer.planning.event_loop.compile_ahead`, a few
+minutes; numba caches it), which plans of :data:`~rebalancer.planning.event_loop.COMPILED_FROM_STEPS` steps or more
+run. Nothing here changes results; without the archive sessions just start slower, without the compiled loop the
+first large plan compiles it.
 """
 
 from __future__ import annotations
