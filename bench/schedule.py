@@ -97,9 +97,8 @@ def load_scheduler(ref: str) -> ModuleType:
                                     check=True, capture_output=True, text=True).stdout
             (target / name).write_text(source.replace("rebalancer.planning", package))
     sys.path.insert(0, str(parent))
-    loop = sys.modules.get(f"{package}.event_loop") or importlib.import_module(f"{package}.event_loop")
-    if hasattr(loop, "compile_ahead"):
-        loop.compile_ahead()
+    if (target / "event_loop.py").is_file():  # before 6785560 the loop was part of schedule.py
+        importlib.import_module(f"{package}.event_loop").compile_ahead()
     return importlib.import_module(f"{package}.schedule")
 
 
@@ -186,6 +185,8 @@ def main() -> None:
                         "(alternating with --compare's), reporting the median CPU seconds")
     parser.add_argument("--json", metavar="OUT", help="write the rows and the run's facts to this file")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     caps = tuple(int(c) for c in args.caps.split(","))
     only = set(args.only.split(",")) if args.only else None
     changes: list[Change] = [c for c in CHANGES if only is None or c.scenario in only or c.key in only]

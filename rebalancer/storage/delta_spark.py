@@ -29,7 +29,6 @@ import posixpath
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlparse
@@ -511,7 +510,7 @@ class DeltaSparkWarehouse(Warehouse):
         if token not in reader.user_metadata_since(name, version):
             raise _Overtaken(f"another writer rewrote {name} after version {version}; this write was skipped")
 
-    @contextmanager
+    @contextlib.contextmanager
     def commits_ahead(self, names: Sequence[str]) -> Iterator[None]:
         """Delta computes a table's state (a Spark job over its log) before each guarded commit, for the transaction
         ids (Delta 4.4 takes them from that state, not from the checksum file), and keeps the state with the table's
