@@ -710,6 +710,41 @@ def test_delta_spark_commits_prepared_ahead_run_their_write_alone(spark: SparkSe
     assert sorted((r.topology_major, r.partition_id) for r in wh.read("lost_partitions").collect()) == [(1, 0), (3, 1)]
 
 
+@pytest.mark.skipif(TEST_ENGINE != "delta-spark", reason="about the delta-spark engine's session for small work")
+def test_delta_spark_commits_driver_rows_from_a_sibling_session_with_interpreted_projections(
+    spark: SparkSession, warehouse_dir: Path
+) -> None:
+    """Rows born on the driver are committed from a sibling of the caller's session that interprets Spark's
+    projections (compiling one per task over Delta's wide log schema was most of a small commit): the sibling has
+    the caller's own settings, the caller's session is left as it was, and the rows land as from the caller's.
+    A merge of driver rows (catalog and remote warehouses insert absent keys that way) runs its SQL in the session
+    that holds the rows' view."""
+    if TEST_API_MODE == "connect":
+        pytest.skip("Spark Connect has no sibling sessions: driver rows use the caller's session there")
+    factory = "spark.sql.codegen.factoryMode"
+    own_factory = spark.conf.get(factory, None)
+    marker = f"spark.sql.rebalancer.test.{uuid.uuid4().hex}"
+    spark.conf.set(marker, "the caller's")  # a setting made after the session began
+    try:
+        wh = _open(spark, warehouse_dir)
+        small = wh._frame(_topology(spark, 1, ["a"]).toArrow(), "topology").sparkSession
+    finally:
+        spark.conf.unset(marker)
+    assert small is not spark
+    assert isinstance(wh, DeltaSparkWarehouse)
+    wh.create_tables(["topology"])
+    assert small.conf.get(factory) == "NO_CODEGEN"
+    assert small.conf.get(marker) == "the caller's"
+    rows = _topology(spark, 1, ["a", "b"]).toArrow()
+    wh.replace_where_arrow("topology", rows, {"topology_major": 1})
+    wh.insert_absent_arrow("topology", _topology(spark, 2, ["a"]).toArrow(), TOPOLOGY_KEYS)
+    wh.merge("topology", wh._frame(_topology(spark, 3, ["c"]).toArrow(), "topology"),
+             TOPOLOGY_KEYS, insert_only=True)  # the path without a driver reader
+    assert spark.conf.get(factory, None) == own_factory
+    assert_df_equality(wh.read("topology"), _topology(spark, 1, ["a", "b"]).unionByName(_topology(spark, 2, ["a"]))
+                       .unionByName(_topology(spark, 3, ["c"])), ignore_row_order=True, ignore_nullable=True)
+
+
 @pytest.mark.skipif(TEST_ENGINE != "delta-spark", reason="about the delta-spark engine's reads through delta-rs")
 def test_delta_spark_reads_through_delta_a_table_delta_rs_cannot_read(
     spark: SparkSession, warehouse_dir: Path

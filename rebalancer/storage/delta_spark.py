@@ -111,6 +111,9 @@ _VACUUM_SETTINGS = {_RETENTION_CHECK: "false", "spark.sql.sources.parallelPartit
 # per session, not per warehouse: the settings are the session's, and two warehouses may share one.
 _VACUUMS: dict[int, tuple[int, dict[str, str | None]]] = {}
 _VACUUMS_LOCK = threading.Lock()
+# The small session's settings (DeltaSparkWarehouse._small_session); measured in docs/BENCHMARKS.md. Internal to
+# Spark (not documented for users): a Spark that drops it ignores it, and the small work runs compiled, as before.
+_SMALL_SESSION_SETTINGS = {"spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 
 def is_delta_conflict(exc: BaseException) -> bool:
@@ -320,6 +323,37 @@ class DeltaSparkWarehouse(Warehouse):
         from rebalancer.storage.delta_rs import DeltaRsWarehouse
 
         return DeltaRsWarehouse(self.spark, directory, commit_retries=self.commit_retries)
+
+    @functools.cached_property
+    def _small_session(self) -> SparkSession:
+        """The session for small work: Delta's state of a table before a commit (``commits_ahead``) and commits
+        of rows born on the driver. A sibling of the caller's session with its settings, but Spark's projections
+        interpreted instead of compiled (:data:`_SMALL_SESSION_SETTINGS`).
+
+        For every task Spark builds the Java source of its projections (over Delta's wide log schema too) and
+        strips it of comments before it asks its cache of compiled classes; for the few rows of a table's log or
+        of a driver table, that is most of a job's CPU (docs/BENCHMARKS.md, "Where a small delta-spark commit's
+        time goes"). Interpreted everywhere, the large tables' writes were slower (M: 20,000 rows per table), so
+        only this session interprets. Delta runs a command's jobs in the session of the DataFrame or SQL text it
+        was given and keeps a table's computed state with its snapshot, which sessions share. Settings the caller
+        changes later do not reach it. On Spark Connect (no ``newSession``) it is the caller's session."""
+        try:
+            session = self.spark.newSession()
+        except Exception:  # noqa: BLE001 - Spark Connect, or a session that cannot have siblings
+            return self.spark
+        for key, value in self.spark.conf.getAll.items():
+            if key.startswith("spark.sql."):  # the session's own; Spark's and static ones are shared already
+                with contextlib.suppress(Exception):
+                    session.conf.set(key, value)
+        for key, value in _SMALL_SESSION_SETTINGS.items():
+            session.conf.set(key, value)
+        return session
+
+    def _frame(self, rows: pa.Table, name: str) -> DataFrame:
+        """Driver rows as a DataFrame of the small session: their commit runs interpreted (``_small_session``)."""
+        if rows.num_rows == 0:
+            return self._small_session.createDataFrame([], tables.SCHEMAS[name])
+        return self._small_session.createDataFrame(rows, schema=tables.SCHEMAS[name])
 
     def _on_driver(self, call: Callable[[DeltaRsWarehouse], T]) -> T | None:
         """``call`` on the driver reader; None without one, or when delta-rs cannot read the table (deletion
@@ -535,7 +569,7 @@ class DeltaSparkWarehouse(Warehouse):
                         continue
                     self._ahead.discard(name)
                 try:
-                    self.spark.sql(f"DESCRIBE DETAIL {self._reference(name)}").collect()
+                    self._small_session.sql(f"DESCRIBE DETAIL {self._reference(name)}").collect()
                 except Exception as exc:  # a hint only: the commit computes the state itself
                     _log.debug("preparing the commit to %s: %s", name, exc)
 
@@ -627,10 +661,12 @@ class DeltaSparkWarehouse(Warehouse):
             f"{matched} WHEN NOT MATCHED THEN INSERT *"
         )
 
+        session = rows.sparkSession  # the view below is the rows' session's (driver rows: the small session's)
+
         def attempt() -> None:
             self._committing(name)
             try:
-                self.spark.sql(statement).collect()
+                session.sql(statement).collect()
             except Exception as exc:
                 if "MULTIPLE_SOURCE_ROW_MATCHING_TARGET_ROW" in str(exc):
                     raise DuplicateKeyError(
@@ -642,7 +678,7 @@ class DeltaSparkWarehouse(Warehouse):
         try:
             retry_on_conflict(attempt, table=name, retries=self.commit_retries, is_conflict=is_delta_conflict)
         finally:
-            self.spark.catalog.dropTempView(source)
+            session.catalog.dropTempView(source)
 
     # ---- views ----
     def _register_view(self, name: str) -> None:
