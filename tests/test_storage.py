@@ -725,11 +725,17 @@ def test_delta_spark_commits_driver_rows_from_a_sibling_session_with_interpreted
     own_factory = spark.conf.get(factory, None)
     marker = f"spark.sql.rebalancer.test.{uuid.uuid4().hex}"
     spark.conf.set(marker, "the caller's")  # a setting made after the session began
+    spark.conf.set(factory, "FALLBACK")  # Spark's default (the suite's session interprets everything)
     try:
         wh = _open(spark, warehouse_dir)
         small = wh._frame(_topology(spark, 1, ["a"]).toArrow(), "topology").sparkSession
+        assert spark.conf.get(factory) == "FALLBACK"
     finally:
         spark.conf.unset(marker)
+        if own_factory is None:
+            spark.conf.unset(factory)
+        else:
+            spark.conf.set(factory, own_factory)
     assert small is not spark
     assert isinstance(wh, DeltaSparkWarehouse)
     wh.create_tables(["topology"])
@@ -743,6 +749,28 @@ def test_delta_spark_commits_driver_rows_from_a_sibling_session_with_interpreted
     assert spark.conf.get(factory, None) == own_factory
     assert_df_equality(wh.read("topology"), _topology(spark, 1, ["a", "b"]).unionByName(_topology(spark, 2, ["a"]))
                        .unionByName(_topology(spark, 3, ["c"])), ignore_row_order=True, ignore_nullable=True)
+
+
+@pytest.mark.skipif(TEST_ENGINE != "delta-spark", reason="about the delta-spark engine's catalog tables")
+def test_delta_spark_catalog_tables_read_small_rows_versions_and_history_by_name(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Catalog tables (Unity Catalog's case) have no driver reader: small reads, a table's version and its time
+    travel go through Delta (in the small session, as rows born on the driver are committed)."""
+    schema = f"spark_catalog.rebalancer_{uuid.uuid4().hex[:12]}"
+    spark.sql(f"CREATE SCHEMA {schema} LOCATION '{tmp_path / 'schema'}'")
+    try:
+        wh = open_warehouse(spark, StorageSettings(engine="delta-spark", catalog_prefix=schema))
+        wh.create_tables(["topology"])
+        for major, nodes in ((1, ["a"]), (2, ["a", "b"])):
+            wh.replace_where_arrow("topology", _topology(spark, major, nodes).toArrow(), {"topology_major": major})
+        newest = wh.table_version("topology")
+        assert wh.read_arrow("topology", where={"topology_major": 2}).column("node_id").to_pylist() == ["a", "b"]
+        assert sorted(wh.read_arrow("topology", version=newest - 1).column("topology_major").to_pylist()) == [1]
+        with pytest.raises(VersionNotFoundError, match=f"no version 99; its latest version is {newest}"):
+            wh.read_arrow("topology", version=99)
+    finally:
+        spark.sql(f"DROP SCHEMA {schema} CASCADE")
 
 
 @pytest.mark.skipif(TEST_ENGINE != "delta-spark", reason="about the delta-spark engine's reads through delta-rs")

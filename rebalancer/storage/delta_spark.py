@@ -326,8 +326,8 @@ class DeltaSparkWarehouse(Warehouse):
 
     @functools.cached_property
     def _small_session(self) -> SparkSession:
-        """The session for small work: Delta's state of a table before a commit (``commits_ahead``) and commits
-        of rows born on the driver. A sibling of the caller's session with its settings, but Spark's projections
+        """The session for small work: Delta's state of a table before a commit (``commits_ahead``), commits of
+        rows born on the driver and, without a driver reader, small reads and a table's version. A sibling of the caller's session with its settings, but Spark's projections
         interpreted instead of compiled (:data:`_SMALL_SESSION_SETTINGS`).
 
         For every task Spark builds the Java source of its projections (over Delta's wide log schema too) and
@@ -370,19 +370,21 @@ class DeltaSparkWarehouse(Warehouse):
         if version is not None:
             return version
         self._require(name)
-        [newest] = self.spark.sql(f"DESCRIBE HISTORY {self._reference(name)} LIMIT 1").select("version").collect()
+        history = self._small_session.sql(f"DESCRIBE HISTORY {self._reference(name)} LIMIT 1")
+        [newest] = history.select("version").collect()
         return int(newest[0])
 
     # ---- reads ----
-    def _load(self, name: str, version: int | None) -> DataFrame:
+    def _load(self, name: str, version: int | None, session: SparkSession | None = None) -> DataFrame:
         self._require(name)
-        reader = self.spark.read.format("delta")
+        reader = (session or self.spark).read.format("delta")
         if version is not None:
             reader = reader.option("versionAsOf", int(version))
         try:
-            if self.catalog_prefix:
-                return reader.table(self.path_of(name))
-            return reader.load(self.path_of(name))
+            rows = reader.table(self.path_of(name)) if self.catalog_prefix else reader.load(self.path_of(name))
+            if version is not None:
+                _ = rows.schema  # Spark Connect resolves lazily: a missing version fails here, not at first use
+            return rows
         except Exception as exc:
             text = str(exc)
             if version is not None and ("VersionNotFound" in text or "DELTA_VERSION_NOT_FOUND" in text):
@@ -397,7 +399,12 @@ class DeltaSparkWarehouse(Warehouse):
         on_driver = self._on_driver(lambda d: d.read(name, version, where))
         if on_driver is not None:  # the same files, listed from the log by delta-rs: no Delta planning job
             return on_driver
-        raw = self._load(name, version)
+        return self._read_with(self.spark, name, version, where)
+
+    def _read_with(
+        self, session: SparkSession, name: str, version: int | None, where: Mapping[str, WhereValue] | None
+    ) -> DataFrame:
+        raw = self._load(name, version, session)
         if where:  # Delta skips files by their statistics itself
             raw = raw.where(where_predicate(where, raw.schema, name))
         return project_declared(raw, tables.SCHEMAS[name], name) if name in tables.SCHEMAS else raw
@@ -410,7 +417,9 @@ class DeltaSparkWarehouse(Warehouse):
         self, name: str, where: Mapping[str, WhereValue] | None = None, version: int | None = None
     ) -> pa.Table:
         on_driver = self._on_driver(lambda d: d.read_arrow(name, where=where, version=version))
-        return on_driver if on_driver is not None else super().read_arrow(name, where=where, version=version)
+        if on_driver is not None:
+            return on_driver
+        return self._read_with(self._small_session, name, version, where).toArrow()  # small: interpreted
 
     def changes_arrow(
         self, name: str, since: int | None, max_rows: int | None = None
