@@ -47,8 +47,10 @@ interop-slow: $(STAMP)
 # The delta-spark engine, for real (CI runs it after `make test`): the storage contract, the exchange scenarios with
 # their exact tables, the crash points and the concurrency tests once more with the Delta jars in the suite's
 # session (every warehouse opened with engine "auto" is then a delta-spark one), a warehouse crossing engines
-# (delta-rs -> delta-spark -> delta-rs), and vacuum on delta-spark. About 8.5 minutes on 2 cores (the tier 7.3, the
-# slow vacuum 1): Delta runs its own Spark jobs for every commit.
+# (delta-rs -> delta-spark -> delta-rs), and vacuum on delta-spark; then the storage contract and the exchange
+# scenarios once more with storage.driver_reader = false (everything through Delta: the path of catalog tables and
+# remote storage, Databricks' path). About 16 minutes on 2 cores (the tier 6.7, the slow vacuum 1, without the driver
+# reader about 8): Delta runs its own Spark jobs for every commit.
 DELTA_SPARK_TIER := tests/test_storage.py tests/test_exchange_job.py tests/test_exchange_events.py \
 	tests/test_persistent_cluster.py tests/test_incremental_inputs.py tests/test_bad_input.py \
 	tests/test_delta_spark.py::test_a_warehouse_crossing_engines_rs_spark_rs_commits_what_one_engine_commits \
@@ -56,6 +58,8 @@ DELTA_SPARK_TIER := tests/test_storage.py tests/test_exchange_job.py tests/test_
 storage-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow tests/test_delta_spark.py --durations=5
 	REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q $(XDIST) $(DELTA_SPARK_TIER) --durations=10
+	REBALANCER_TEST_ENGINE=delta-spark REBALANCER_TEST_DRIVER_READER=off $(PY) -m pytest -q $(XDIST) \
+		tests/test_storage.py tests/test_exchange_job.py --durations=5
 
 # The exchange scenarios once more under Spark Connect (spark.api.mode=connect: a local Connect server, the
 # suite's session a Connect client, as on Databricks serverless). CI runs it. Each test worker's local server

@@ -30,6 +30,7 @@ class StorageSettings(_Strict):
     catalog_prefix: str = Field("", pattern=r"^([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?)?$")
     commit_retries: int = Field(5, ge=0, le=100)
     concurrent_commits: int = Field(4, ge=1, le=64)
+    driver_reader: bool = True
 
 
 class SparkSettings(_Strict):

@@ -28,6 +28,10 @@ TEST_ENGINE = os.environ.get("REBALANCER_TEST_ENGINE", "delta-rs")
 # The Spark API the suite's session speaks: classic by default; CI runs the exchange scenarios once more with
 # REBALANCER_TEST_API_MODE=connect (a local Spark Connect server, as on Databricks serverless).
 TEST_API_MODE = os.environ.get("REBALANCER_TEST_API_MODE", "classic")
+# Whether delta-spark warehouses in a local directory read the log on the driver (storage.driver_reader): on by
+# default; CI runs the storage contract and exchange scenarios once more with REBALANCER_TEST_DRIVER_READER=off,
+# everything through Delta as on catalog tables and remote storage (Databricks' path).
+TEST_DRIVER_READER = os.environ.get("REBALANCER_TEST_DRIVER_READER", "on") != "off"
 delta_rs_only = pytest.mark.skipif(TEST_ENGINE != "delta-rs", reason="about the delta-rs engine's own commit protocol")
 
 

@@ -15,6 +15,7 @@ from rebalancer.config import Settings
 from rebalancer.pipeline import ExchangeSummary, run_exchange
 from rebalancer.storage import Warehouse, open_warehouse
 from rebalancer.tables import CACHE_GROUPS, NODES, PARTITION_REPORTS, TOPOLOGY_EVENTS
+from tests.conftest import TEST_DRIVER_READER
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -33,7 +34,8 @@ class Cluster:
 
     @classmethod
     def create(cls, spark: SparkSession, path: Path, **overrides: dict[str, Any]) -> Cluster:
-        settings = Settings().with_overrides(storage={"warehouse": str(path)}, **overrides)
+        settings = Settings().with_overrides(storage={"warehouse": str(path), "driver_reader": TEST_DRIVER_READER},
+                                             **overrides)
         warehouse = open_warehouse(spark, settings.storage)
         warehouse.create_tables()
         return cls(spark, warehouse, settings)

@@ -82,9 +82,12 @@ from rebalancer.storage.delta_spark import (
     warehouse_uri,
 )
 from rebalancer.storage.engine import delta_classes_available, engine_reason, probe_delta_format
-from tests.conftest import TEST_API_MODE, TEST_ENGINE, delta_rs_only
+from tests.conftest import TEST_API_MODE, TEST_DRIVER_READER, TEST_ENGINE, delta_rs_only
 
 UTC = dt.UTC
+needs_driver_reader = pytest.mark.skipif(
+    not TEST_DRIVER_READER, reason="needs the driver reader (this run has storage.driver_reader = false)"
+)
 without_delta_jars = pytest.mark.skipif(
     TEST_ENGINE != "delta-rs", reason="needs a session without the Delta jars (this run's session carries them)"
 )
@@ -96,7 +99,8 @@ TOPOLOGY_KEYS = ["topology_major", "topology_minor", "node_id"]
 
 def _open(spark: SparkSession, root: Path, retries: int = 5) -> Warehouse:
     """The suite's engine (tests/conftest.py: delta-rs, or delta-spark under REBALANCER_TEST_ENGINE)."""
-    wh = open_warehouse(spark, StorageSettings(engine="auto", commit_retries=retries), root)
+    wh = open_warehouse(spark, StorageSettings(engine="auto", commit_retries=retries,
+                                               driver_reader=TEST_DRIVER_READER), root)
     assert wh.engine == TEST_ENGINE
     return wh
 
@@ -642,6 +646,7 @@ def test_a_lost_commit_race_is_replanned_and_retried(
 
 
 @pytest.mark.skipif(TEST_ENGINE != "delta-spark", reason="about the delta-spark engine's guarded rewrites")
+@needs_driver_reader
 def test_delta_spark_never_loses_or_doubles_a_rewrite_a_rival_overtakes(
     spark: SparkSession, warehouse_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -674,6 +679,7 @@ def _succeeded_jobs(spark: SparkSession, group: str) -> int:
 
 
 @pytest.mark.skipif(TEST_ENGINE != "delta-spark", reason="about the delta-spark engine's commits prepared ahead")
+@needs_driver_reader
 def test_delta_spark_commits_prepared_ahead_run_their_write_alone(spark: SparkSession, warehouse_dir: Path) -> None:
     """A guarded commit runs two Spark jobs: Delta's state of the table (for the transaction ids), then the write.
     Within ``commits_ahead`` a background thread computes the named tables' states while the caller works, so
@@ -749,6 +755,29 @@ def test_delta_spark_commits_driver_rows_from_a_sibling_session_with_interpreted
     assert spark.conf.get(factory, None) == own_factory
     assert_df_equality(wh.read("topology"), _topology(spark, 1, ["a", "b"]).unionByName(_topology(spark, 2, ["a"]))
                        .unionByName(_topology(spark, 3, ["c"])), ignore_row_order=True, ignore_nullable=True)
+
+
+@pytest.mark.skipif(TEST_ENGINE != "delta-spark", reason="about the delta-spark engine's driver reader")
+def test_delta_spark_without_the_driver_reader_reads_and_rewrites_through_delta(
+    spark: SparkSession, warehouse_dir: Path
+) -> None:
+    """``storage.driver_reader = false``: a local directory is read and rewritten as remote storage is, by Delta
+    alone: tables created by ``CREATE TABLE``, each rewrite Delta's ``replaceWhere`` (a new version's rows too,
+    which the driver reader would have appended), versions from ``DESCRIBE HISTORY``."""
+    wh = open_warehouse(spark, StorageSettings(engine="delta-spark", driver_reader=False), warehouse_dir)
+    assert isinstance(wh, DeltaSparkWarehouse) and wh._driver_reader is None
+    wh.create_tables(["topology"])
+    for major, nodes in ((1, ["a"]), (1, ["a", "b"]), (2, ["c"])):
+        wh.replace_where("topology", _topology(spark, major, nodes), {"topology_major": major})
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{wh.path_of('topology')}`").orderBy("version").collect()
+    assert [(r.operation, r.operationParameters.get("mode")) for r in history] == [
+        ("CREATE TABLE", None), ("WRITE", "Overwrite"), ("WRITE", "Overwrite"), ("WRITE", "Overwrite")]
+    assert wh.table_version("topology") == 3
+    assert sorted(wh.read_arrow("topology", where={"topology_major": 1}).column("node_id").to_pylist()) == ["a", "b"]
+    with_reader = open_warehouse(spark, StorageSettings(engine="delta-spark"), warehouse_dir)
+    with_reader.replace_where("topology", _topology(spark, 3, ["d"]), {"topology_major": 3})
+    last = spark.sql(f"DESCRIBE HISTORY delta.`{wh.path_of('topology')}` LIMIT 1").collect()[0]
+    assert (last.operation, last.operationParameters.get("mode")) == ("WRITE", "Append")  # a guarded append
 
 
 @pytest.mark.skipif(TEST_ENGINE != "delta-spark", reason="about the delta-spark engine's catalog tables")

@@ -85,7 +85,7 @@ def open_warehouse(spark: SparkSession, settings: StorageSettings, warehouse: st
 
         return DeltaSparkWarehouse(
             spark, location, catalog_prefix=settings.catalog_prefix, commit_retries=settings.commit_retries,
-            concurrent_commits=settings.concurrent_commits,
+            concurrent_commits=settings.concurrent_commits, driver_reader=settings.driver_reader,
         )
     from rebalancer.storage.delta_rs import DeltaRsWarehouse
 

@@ -233,6 +233,9 @@ class DeltaSparkWarehouse(Warehouse):
         warehouse: the warehouse directory or URI (unused with a catalog prefix).
         catalog_prefix: ``"catalog.schema"`` for catalog tables, or ``""`` for path-based tables.
         commit_retries: retries of a write whose commit lost a race with another writer.
+        concurrent_commits: how many independent commits run at once.
+        driver_reader: on a warehouse in a local directory, read small tables and the log on the driver through
+            delta-rs (False: everything through Delta, as for catalog tables and remote storage).
     """
 
     engine = "delta-spark"
@@ -245,9 +248,11 @@ class DeltaSparkWarehouse(Warehouse):
         catalog_prefix: str = "",
         commit_retries: int = 5,
         concurrent_commits: int = 1,
+        driver_reader: bool = True,
     ) -> None:
         super().__init__(spark, commit_retries=commit_retries, concurrent_commits=concurrent_commits)
         self.catalog_prefix = catalog_prefix
+        self.use_driver_reader = driver_reader
         # Tables named to commits_ahead whose state is not being computed yet (nor their commit started).
         self._ahead: set[str] = set()
         self._ahead_lock = threading.Lock()
@@ -316,8 +321,9 @@ class DeltaSparkWarehouse(Warehouse):
     def _driver_reader(self) -> DeltaRsWarehouse | None:
         """A warehouse in a local directory: small reads on the driver by delta-rs, from the same files and log
         (no Spark job; Delta would run a few per read: its snapshot, its file filter, a history scan). Writes stay
-        with Delta. None for catalog tables and remote storage, which Delta reads."""
-        directory = None if self.catalog_prefix or self.root is None else local_directory(self.root)
+        with Delta. None for catalog tables and remote storage, which Delta reads, and when switched off
+        (``storage.driver_reader = false``)."""
+        directory = self._local_directory()
         if directory is None:
             return None
         from rebalancer.storage.delta_rs import DeltaRsWarehouse
@@ -327,8 +333,9 @@ class DeltaSparkWarehouse(Warehouse):
     @functools.cached_property
     def _small_session(self) -> SparkSession:
         """The session for small work: Delta's state of a table before a commit (``commits_ahead``), commits of
-        rows born on the driver and, without a driver reader, small reads and a table's version. A sibling of the caller's session with its settings, but Spark's projections
-        interpreted instead of compiled (:data:`_SMALL_SESSION_SETTINGS`).
+        rows born on the driver and, without a driver reader, small reads and a table's version. A sibling of the
+        caller's session with its settings, but Spark's projections interpreted instead of compiled
+        (:data:`_SMALL_SESSION_SETTINGS`).
 
         For every task Spark builds the Java source of its projections (over Delta's wide log schema too) and
         strips it of comments before it asks its cache of compiled classes; for the few rows of a table's log or
@@ -354,6 +361,12 @@ class DeltaSparkWarehouse(Warehouse):
         if rows.num_rows == 0:
             return self._small_session.createDataFrame([], tables.SCHEMAS[name])
         return self._small_session.createDataFrame(rows, schema=tables.SCHEMAS[name])
+
+    def _local_directory(self) -> str | None:
+        """The warehouse's local directory when its log may be read on the driver, else None."""
+        if self.catalog_prefix or self.root is None or not self.use_driver_reader:
+            return None
+        return local_directory(self.root)
 
     def _on_driver(self, call: Callable[[DeltaRsWarehouse], T]) -> T | None:
         """``call`` on the driver reader; None without one, or when delta-rs cannot read the table (deletion
@@ -431,7 +444,7 @@ class DeltaSparkWarehouse(Warehouse):
         """As on delta-rs: each new row of an append-only table carries the version of the commit that added it (a
         local path table's log names the files each commit added; Spark tells each row's file). Tables rewritten
         in the window, catalog tables and remote warehouses get the content comparison of the base class."""
-        directory = None if self.catalog_prefix else local_directory(self.path_of(name))
+        directory = None if self._local_directory() is None else local_directory(self.path_of(name))
         now = self.table_version(name)
         added = None
         if directory is not None and (since is None or since < now):
