@@ -63,12 +63,15 @@ storage-slow: $(STAMP)
 
 # The exchange scenarios once more under Spark Connect (spark.api.mode=connect: a local Connect server, the
 # suite's session a Connect client, as on Databricks serverless). CI runs it. Each test worker's local server
-# listens on a free port of its own (rebalancer.session). Twice: on delta-rs, and on delta-spark (a Connect server
-# with Delta's jars: Databricks serverless's case).
+# listens on a free port of its own (rebalancer.session). Three times: on delta-rs, on delta-spark (a Connect server
+# with Delta's jars), and on delta-spark with everything through Delta, the storage contract too
+# (storage.driver_reader = false: Databricks serverless's case, catalog tables over Connect; about 8 minutes).
 connect-slow: $(STAMP)
 	REBALANCER_TEST_API_MODE=connect $(PY) -m pytest -q $(XDIST) tests/test_exchange_job.py --durations=5
 	REBALANCER_TEST_API_MODE=connect REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q $(XDIST) \
 		tests/test_exchange_job.py --durations=5
+	REBALANCER_TEST_API_MODE=connect REBALANCER_TEST_ENGINE=delta-spark REBALANCER_TEST_DRIVER_READER=off \
+		$(PY) -m pytest -q $(XDIST) tests/test_exchange_job.py tests/test_storage.py --durations=5
 
 # Hazelcast's parallel-migrations benchmark on real Hazelcast at 20,000 partitions, against our planner.
 bench-interop: $(STAMP)

@@ -732,11 +732,18 @@ def test_delta_spark_commits_driver_rows_from_a_sibling_session_with_interpreted
     marker = f"spark.sql.rebalancer.test.{uuid.uuid4().hex}"
     spark.conf.set(marker, "the caller's")  # a setting made after the session began
     spark.conf.set(factory, "FALLBACK")  # Spark's default (the suite's session interprets everything)
+    schema = f"rebalancer_{uuid.uuid4().hex[:12]}"
+    spark.sql(f"CREATE SCHEMA {schema} LOCATION '{warehouse_dir.parent / 'schema'}'")
+    spark.catalog.setCurrentDatabase(schema)  # the caller's USE: a one-part catalog_prefix resolves there
     try:
         wh = _open(spark, warehouse_dir)
         small = wh._frame(_topology(spark, 1, ["a"]).toArrow(), "topology").sparkSession
         assert spark.conf.get(factory) == "FALLBACK"
+        assert small.catalog.currentDatabase() == schema
+        assert small.catalog.currentCatalog() == spark.catalog.currentCatalog()
     finally:
+        spark.catalog.setCurrentDatabase("default")
+        spark.sql(f"DROP SCHEMA {schema} CASCADE")
         spark.conf.unset(marker)
         if own_factory is None:
             spark.conf.unset(factory)

@@ -354,6 +354,9 @@ class DeltaSparkWarehouse(Warehouse):
                     session.conf.set(key, value)
         for key, value in _SMALL_SESSION_SETTINGS.items():
             session.conf.set(key, value)
+        # A one-part catalog_prefix ("schema") names a schema of the caller's current catalog: the same one here.
+        session.catalog.setCurrentCatalog(self.spark.catalog.currentCatalog())
+        session.catalog.setCurrentDatabase(self.spark.catalog.currentDatabase())
         return session
 
     def _frame(self, rows: pa.Table, name: str) -> DataFrame:
