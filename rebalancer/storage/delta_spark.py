@@ -346,17 +346,18 @@ class DeltaSparkWarehouse(Warehouse):
         changes later do not reach it. On Spark Connect (no ``newSession``) it is the caller's session."""
         try:
             session = self.spark.newSession()
-        except Exception:  # noqa: BLE001 - Spark Connect, or a session that cannot have siblings
+            for key, value in self.spark.conf.getAll.items():
+                if key.startswith("spark.sql."):  # the session's own; Spark's and static ones are shared already
+                    with contextlib.suppress(Exception):
+                        session.conf.set(key, value)
+            for key, value in _SMALL_SESSION_SETTINGS.items():
+                session.conf.set(key, value)
+            # A one-part catalog_prefix ("schema") names a schema of the caller's current catalog: the same here.
+            session.catalog.setCurrentCatalog(self.spark.catalog.currentCatalog())
+            session.catalog.setCurrentDatabase(self.spark.catalog.currentDatabase())
+        except Exception as exc:  # noqa: BLE001 - Spark Connect, or a session that cannot have siblings
+            _log.debug("small work runs in the caller's session: %s", exc)
             return self.spark
-        for key, value in self.spark.conf.getAll.items():
-            if key.startswith("spark.sql."):  # the session's own; Spark's and static ones are shared already
-                with contextlib.suppress(Exception):
-                    session.conf.set(key, value)
-        for key, value in _SMALL_SESSION_SETTINGS.items():
-            session.conf.set(key, value)
-        # A one-part catalog_prefix ("schema") names a schema of the caller's current catalog: the same one here.
-        session.catalog.setCurrentCatalog(self.spark.catalog.currentCatalog())
-        session.catalog.setCurrentDatabase(self.spark.catalog.currentDatabase())
         return session
 
     def _frame(self, rows: pa.Table, name: str) -> DataFrame:

@@ -350,7 +350,12 @@ public final class IgniteHarness {
         return ((IgniteEx) ig).context().cache().cacheGroup(CU.cacheId(cache));
     }
 
-    /** Waits until every node finished the exchanges of the last step and the ready version held for 500 ms. */
+    /**
+     * Waits until every node sees exactly the running nodes, has finished the exchanges of the last step (its ready
+     * affinity version is at its topology version) and the ready version held for 500 ms. Without the first two, a
+     * departure noticed late (a stopped coordinator's handover on a loaded machine) had its exchange reported in
+     * the next step.
+     */
     private void settle() throws Exception {
         if (running.isEmpty()) {
             return;
@@ -365,7 +370,9 @@ public final class IgniteHarness {
                 var exch = ((IgniteEx) ig).context().cache().context().exchange();
                 GridDhtPartitionsExchangeFuture last = exch.lastTopologyFuture();
                 done &= last == null || last.isDone();  // null on an inactive persistent cluster
+                done &= ig.cluster().nodes().size() == running.size();
                 AffinityTopologyVersion v = exch.readyAffinityVersion();
+                done &= last == null || v.topologyVersion() == ig.cluster().topologyVersion();
                 if (ver == null || v.compareTo(ver) > 0) {
                     ver = v;
                 }
