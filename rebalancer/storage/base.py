@@ -910,9 +910,14 @@ class Warehouse(abc.ABC):
     def _frame(self, rows: pa.Table, name: str) -> DataFrame:
         """Driver rows as a DataFrame of the table's declared schema. An empty Arrow table may hold no chunk at all
         (delta-rs reads give such tables), which pyspark's Arrow conversion refuses: it gets an empty frame."""
+        session = self._driver_rows_session()
         if rows.num_rows == 0:
-            return self.spark.createDataFrame([], tables.SCHEMAS[name])
-        return self.spark.createDataFrame(rows, schema=tables.SCHEMAS[name])
+            return session.createDataFrame([], tables.SCHEMAS[name])
+        return session.createDataFrame(rows, schema=tables.SCHEMAS[name])
+
+    def _driver_rows_session(self) -> SparkSession:
+        """The session driver rows become a DataFrame in (and are committed from): the caller's."""
+        return self.spark
 
     # ---- writes ----
     @abc.abstractmethod

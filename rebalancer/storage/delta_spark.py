@@ -360,11 +360,9 @@ class DeltaSparkWarehouse(Warehouse):
             return self.spark
         return session
 
-    def _frame(self, rows: pa.Table, name: str) -> DataFrame:
-        """Driver rows as a DataFrame of the small session: their commit runs interpreted (``_small_session``)."""
-        if rows.num_rows == 0:
-            return self._small_session.createDataFrame([], tables.SCHEMAS[name])
-        return self._small_session.createDataFrame(rows, schema=tables.SCHEMAS[name])
+    def _driver_rows_session(self) -> SparkSession:
+        """The small session: a commit of driver rows runs interpreted (``_small_session``)."""
+        return self._small_session
 
     def _local_directory(self) -> str | None:
         """The warehouse's local directory when its log may be read on the driver, else None."""

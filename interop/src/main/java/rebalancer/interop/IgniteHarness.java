@@ -351,10 +351,10 @@ public final class IgniteHarness {
     }
 
     /**
-     * Waits until every node sees exactly the running nodes, has finished the exchanges of the last step (its ready
-     * affinity version is at its topology version) and the ready version held for 500 ms. Without the first two, a
-     * departure noticed late (a stopped coordinator's handover on a loaded machine) had its exchange reported in
-     * the next step.
+     * Waits until every node sees as many nodes as are running, has finished the exchanges of the last step (its
+     * ready affinity version is at its topology version) and the ready version held for 500 ms. Without the first
+     * two, a departure noticed late (a stopped coordinator's handover on a loaded machine, say) could have its
+     * exchange reported in the next step.
      */
     private void settle() throws Exception {
         if (running.isEmpty()) {
