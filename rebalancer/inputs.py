@@ -161,13 +161,15 @@ class Reports:
     """The new reports as one version consumes them: the valid ones (cached in Spark), the rejected ones.
 
     ``keys``: the (group_name, partition_id) of the valid reports when they were validated on the driver (None when
-    Spark validated them): the pipeline then finds their partitions without a Spark job.
+    Spark validated them): the pipeline then finds their partitions without a Spark job. ``arrow``: the valid
+    reports themselves in that case, for an exchange decided on the driver.
     """
 
     valid: DataFrame
     rejected: pa.Table
     _validated: Validated | None = None
     keys: pa.Table | None = None
+    arrow: pa.Table | None = None
 
     def release(self) -> None:
         if self._validated is not None:
@@ -319,8 +321,9 @@ def validate_reports(
         assert inputs.references is not None
         bad = bad_reports(new, stored, inputs.references, consumer.alive, consumer.running)
         if not bad.any():  # every report is valid: no Spark job to judge them
-            valid = spark.createDataFrame(_spec("partition_reports", new))
-            return Reports(valid, REJECTED_ARROW.empty_table(), keys=new.select(["group_name", "partition_id"]))
+            typed = _spec("partition_reports", new)
+            return Reports(spark.createDataFrame(typed), REJECTED_ARROW.empty_table(),
+                           keys=new.select(["group_name", "partition_id"]), arrow=typed)
     if inputs.new_reports is not None:
         new_df = spark.createDataFrame(inputs.new_reports)
     else:

@@ -123,6 +123,13 @@ VERSIONED_TABLES = tuple(n for n in OUTPUT_TABLES if n not in ("exchanges", "rej
 DRIVER_COPIES = 1_000_000
 DRIVER_RANKINGS = 5_000_000
 KEYS_AS_LITERALS = 5_000  # see _Selection
+#: Exchanges of clusters with at most this many replicas (partitions x copies over the running groups) are decided
+#: on the driver when the warehouse reads Arrow there (``Warehouse.reads_on_driver``): the kernel over Arrow read
+#: from the tables, the routing maps folded on the driver, every output written as Arrow. The same kernel, so the
+#: same rows as the Spark path, without its Spark jobs (each a fixed few hundred milliseconds whatever its size):
+#: at L (196,608 replicas, 2 cores) 0.8-1.7 s instead of 5-7.5 s (docs/PERFORMANCE.md). Larger clusters keep the one
+#: pass in Spark, which spreads the kernel over the executors.
+DRIVER_KERNEL_REPLICAS = 250_000
 LARGE_TABLES = ("ideal_assignment", "affinity_assignment", "partition_map", "partition_versions")  # + client_affinity
 #: The stages an exchange's wall time is split into (``ExchangeSummary.stage_seconds``), in the order they run.
 STAGES = ("inputs", "unsettled", "kernel", "plan", "routing", "writes", "stamps", "commit")
@@ -579,20 +586,26 @@ class _Run:
                 reports = self.reports_for(step, exchange_id) if consume else None
                 unsettled = self._unsettled(step, prev, reports)
         groups = self.group_settings(step, prev)
-        out: DataFrame | None = None
+        out: DataFrame | pa.Table | None = None
         small = {name: DECISION_SCHEMAS[name].empty_table() for name in _SMALL_KINDS}
         summary_counts = dict.fromkeys(SUMMARY_COLUMNS, 0)
         summary_counts["max_report_seq"] = -1
         if groups and (unsettled.everything or unsettled.groups or unsettled.keys):  # no running group: nothing
             with meter.stage("kernel"):
-                out = self._kernel(step, prev, groups, unsettled, reports)
-                collected = out.where(F.col("kind").isin([KINDS[k] for k in _SMALL_KINDS] + [SUMMARY])).toArrow()
+                small_kinds = [KINDS[k] for k in _SMALL_KINDS] + [SUMMARY]
+                if self._on_driver(groups, reports):
+                    decided = self._kernel_arrow(step, prev, groups, unsettled, reports)
+                    collected = decided.filter(pc.is_in(decided.column("kind"), pa.array(small_kinds, pa.int8())))
+                    out = decided
+                else:
+                    frame = self._kernel(step, prev, groups, unsettled, reports)
+                    collected = frame.where(F.col("kind").isin(small_kinds)).toArrow()
+                    out = frame
                 small, summary_counts = _split_small(collected)
         if switch_check:
             due = summary_counts["switch_waiting_partitions"] > 0 and summary_counts["switch_unready_partitions"] == 0
             if not due:
-                if out is not None:
-                    out.unpersist()
+                _release(out)
                 return None
         if consume:
             self.reports_consumed = True
@@ -607,8 +620,7 @@ class _Run:
         try:
             counts = self._write(step, prev, version, groups, unsettled, out, small, plan, meter)
         finally:
-            if out is not None:
-                out.unpersist()
+            _release(out)
         if step.exchange_type == NONE and prev is not None:
             counts = {k: int(prev.row.get(k) or 0) for k in _COUNT_FIELDS}
             plan_times = {k: float(prev.row.get(k) or 0.0) for k in ("makespan_s", "makespan_lower_bound_s")}
@@ -885,20 +897,77 @@ class _Run:
             .persist()
         )
 
+    def _on_driver(self, groups: Mapping[str, GroupSettings], reports: Reports | None) -> bool:
+        """Whether this exchange is decided on the driver (:data:`DRIVER_KERNEL_REPLICAS`)."""
+        replicas = sum(g.partitions * (g.backups + 1) for g in groups.values())
+        return (self.warehouse.reads_on_driver and replicas <= DRIVER_KERNEL_REPLICAS
+                and (reports is None or reports.arrow is not None))
+
+    def _kernel_arrow(
+        self, step: ExchangeStep, prev: Committed | None, groups: dict[str, GroupSettings], u: _Unsettled,
+        reports: Reports | None,
+    ) -> pa.Table:
+        """:meth:`_kernel` on the driver: the same tagged rows, read as Arrow, decided by the same stream function
+        in one buffer ordered by partition; the long output table."""
+        ctx = self.context(step, prev, groups)
+        sizes = {g: s.partitions for g, s in groups.items()}
+        key = pa.schema([("group_name", pa.string()), ("partition_id", pa.int32())])
+        parts: list[pa.Table] = []
+        marker_groups = sorted(sizes) if u.everything else sorted(u.groups)
+        if marker_groups:
+            counts = [sizes[g] for g in marker_groups]
+            parts.append(_tagged_arrow(pa.table({
+                "group_name": pa.array(np.repeat(np.array(marker_groups, dtype=object), counts), pa.string()),
+                "partition_id": pa.array(np.concatenate([np.arange(n, dtype=np.int32) for n in counts]), pa.int32()),
+            }, schema=key), PARTITION))
+        keys = sorted(k for k in u.keys if k[0] not in u.groups)
+        if keys:
+            parts.append(_tagged_arrow(pa.table({"group_name": [g for g, _ in keys],
+                                                 "partition_id": [p for _, p in keys]}, schema=key), PARTITION))
+        if prev is not None:
+            where = version_where(prev.version)
+            for name, kind in (("partition_map", MAP), ("affinity_assignment", ASSIGNMENT),
+                               ("partition_versions", VERSION)):
+                rows = self.warehouse.read_arrow(name, where=where)
+                parts.append(_tagged_arrow(rows.filter(_unsettled_mask(rows, u, sizes)), kind))
+            lost = self.warehouse.read_arrow("lost_partitions", where=where).select(list(PARTITION_KEY))
+            lost = _filter_keys(lost, u, sizes)
+            if lost.num_rows:
+                parts.append(_tagged_arrow(lost, LOST_ROW))
+        if reports is not None and reports.arrow is not None:
+            parts.append(_tagged_arrow(reports.arrow.filter(_unsettled_mask(reports.arrow, u, sizes)), REPORT))
+        rows = pa.concat_tables(parts).sort_by([("group_name", "ascending"), ("partition_id", "ascending")])
+        decided = list(decide_stream(rows.to_batches(), ctx))
+        return pa.Table.from_batches(decided, schema=OUTPUT_SCHEMA)
+
     # ---- commit ----
     def _write(
         self, step: ExchangeStep, prev: Committed | None, version: tuple[int, int], groups: dict[str, GroupSettings],
-        u: _Unsettled, out: DataFrame | None, small: dict[str, pa.Table], plan: pa.Table, meter: Meter,
+        u: _Unsettled, out: DataFrame | pa.Table | None, small: dict[str, pa.Table], plan: pa.Table, meter: Meter,
     ) -> dict[str, int]:
         wh, where = self.warehouse, version_where(version)
         sizes = {g: s.partitions for g, s in groups.items()}
         carried_groups = sorted(set(sizes) - (set(sizes) if u.everything else set(u.groups)))
-        keep = _Selection(self.spark, u, sizes) if prev is not None and carried_groups else None
+        on_driver = isinstance(out, pa.Table) or (out is None and self._on_driver(groups, None))
+        keep = (_Selection(self.spark, u, sizes) if prev is not None and carried_groups and not on_driver
+                else None)
+
+        def large_arrow(name: str) -> pa.Table:
+            schema = _arrow(OUTPUT_TABLES[name])
+            columns = [f.name for f in schema if f.name not in VERSION_COLUMNS]
+            parts = [schema.empty_table().select(columns)]
+            if isinstance(out, pa.Table):
+                parts.append(out.filter(pc.equal(out.column("kind"), KINDS[name])).select(columns)
+                             .cast(parts[0].schema))
+            if prev is not None and carried_groups:
+                before = wh.read_arrow(name, where=version_where(prev.version))
+                parts.append(before.filter(_settled_mask(before, u, sizes)).select(columns).cast(parts[0].schema))
+            return _versioned_arrow(pa.concat_tables(parts), name, version)
 
         def large(name: str) -> DataFrame:
             columns = [f for f in OUTPUT_TABLES[name].fieldNames() if f not in VERSION_COLUMNS]
             frames = []
-            if out is not None:
+            if isinstance(out, DataFrame):
                 frames.append(out.where(F.col("kind") == KINDS[name]).select(*columns))
             if keep is not None and prev is not None:
                 frames.append(keep.settled(wh.read(name, where=version_where(prev.version))).select(*columns))
@@ -909,15 +978,7 @@ class _Run:
         def small_table(name: str, rows: pa.Table) -> pa.Table:
             if step.exchange_type == NONE and prev is not None:
                 rows = wh.read_arrow(name, where=version_where(prev.version))
-            columns = [f for f in OUTPUT_TABLES[name].fieldNames() if f not in VERSION_COLUMNS]
-            n = rows.num_rows
-            data = {
-                "topology_major": pa.array([version[0]] * n, pa.int64()),
-                "topology_minor": pa.array([version[1]] * n, pa.int32()),
-            }
-            for c in columns:
-                data[c] = rows.column(c) if c in rows.column_names else pa.nulls(n)
-            return pa.table(data).cast(_arrow(OUTPUT_TABLES[name]))
+            return _versioned_arrow(rows, name, version)
 
         topology = pa.Table.from_pylist(
             [{"topology_major": version[0], "topology_minor": version[1], "node_id": n, "node_order": i.node_order,
@@ -925,14 +986,27 @@ class _Run:
             schema=_arrow(TOPOLOGY),
         )
         touched = u.touched_groups(frozenset(sizes))
-        frames = {name: large(name) for name in LARGE_TABLES}
+        frames: dict[str, DataFrame | pa.Table] = {
+            name: large_arrow(name) if on_driver else large(name) for name in LARGE_TABLES}
         with meter.stage("routing"):
-            if touched or prev is None or step.groups != prev.state.groups:
+            recompute = bool(touched) or prev is None or step.groups != prev.state.groups
+            if on_driver:
+                assignment_rows = frames["affinity_assignment"]
+                assert isinstance(assignment_rows, pa.Table)
+                if recompute:
+                    routes = routing.client_affinity_arrow(assignment_rows, [self._groups[g] for g in sizes])
+                else:
+                    assert prev is not None
+                    routes = wh.read_arrow("client_affinity", where=version_where(prev.version))
+                frames["client_affinity"] = _versioned_arrow(routes, "client_affinity", version)
+            elif recompute:
                 assignment = frames["affinity_assignment"]
+                assert isinstance(assignment, DataFrame)
                 digests = routing.routing_digests(assignment).toArrow().to_pylist()
                 mappings = routing.fold(digests, [self._groups[g] for g in sizes])
                 frames["client_affinity"] = _versioned(routing.client_affinity(assignment, mappings), version)
             else:
+                assert prev is not None
                 frames["client_affinity"] = _versioned(
                     wh.read("client_affinity", where=version_where(prev.version)).drop(*VERSION_COLUMNS), version
                 )
@@ -1117,6 +1191,73 @@ def _filter_keys(t: pa.Table, u: _Unsettled, sizes: Mapping[str, int]) -> pa.Tab
     ]
     return pa.table({"group_name": [g for g, _ in rows], "partition_id": [p for _, p in rows]},
                     schema=pa.schema([("group_name", pa.string()), ("partition_id", pa.int32())]))
+
+
+def _key_codes(t: pa.Table, sizes: Mapping[str, int]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """Each row's partition as one integer (its group's rank among ``sizes``' groups x MAX_PARTITIONS + its
+    partition id) and whether it is in range (a running group, a partition id below the group's count)."""
+    names = sorted(sizes)
+    rank = np.asarray(pc.fill_null(pc.index_in(t.column("group_name"), pa.array(names, pa.string())), -1),
+                      dtype=np.int64)
+    pid = np.asarray(pc.fill_null(t.column("partition_id").cast(pa.int64()), -1), dtype=np.int64)
+    limit = np.asarray([sizes[g] for g in names] + [0], dtype=np.int64)[rank]
+    return rank * MAX_PARTITIONS + pid, (rank >= 0) & (pid >= 0) & (pid < limit)
+
+
+def _keys_of(keys: Iterable[tuple[str, int]], sizes: Mapping[str, int]) -> npt.NDArray[np.int64]:
+    rank = {g: i for i, g in enumerate(sorted(sizes))}
+    return np.array([rank[g] * MAX_PARTITIONS + p for g, p in keys if g in rank], dtype=np.int64)
+
+
+def _in_groups(t: pa.Table, names: Iterable[str]) -> npt.NDArray[np.bool_]:
+    return np.asarray(pc.fill_null(pc.is_in(t.column("group_name"), pa.array(sorted(names), pa.string())), False),
+                      dtype=bool)
+
+
+def _unsettled_mask(t: pa.Table, u: _Unsettled, sizes: Mapping[str, int]) -> pa.Array:
+    """:meth:`_Selection.unsettled` over an Arrow table: rows of the recomputed partitions."""
+    code, in_range = _key_codes(t, sizes)
+    if u.everything:
+        return pa.array(in_range)
+    return pa.array(in_range & (_in_groups(t, u.groups) | np.isin(code, _keys_of(u.keys, sizes))))
+
+
+def _settled_mask(t: pa.Table, u: _Unsettled, sizes: Mapping[str, int]) -> pa.Array:
+    """:meth:`_Selection.settled` over an Arrow table: rows of the carried groups' settled partitions."""
+    code, in_range = _key_codes(t, sizes)
+    carried = _in_groups(t, set(sizes) - set(u.groups))
+    return pa.array(in_range & carried & ~np.isin(code, _keys_of(u.keys, sizes)))
+
+
+def _tagged_arrow(t: pa.Table, kind: int) -> pa.Table:
+    """:func:`tagged` over an Arrow table: every :data:`INPUT_SCHEMA` column (missing ones null)."""
+    n = t.num_rows
+    columns = []
+    for f in INPUT_SCHEMA:
+        if f.name == "kind":
+            columns.append(pa.array(np.full(n, kind, np.int8)))
+        elif f.name in t.column_names:
+            columns.append(t.column(f.name).cast(f.type))
+        else:
+            columns.append(pa.nulls(n, f.type))
+    return pa.Table.from_arrays(columns, schema=INPUT_SCHEMA)
+
+
+def _versioned_arrow(rows: pa.Table, name: str, version: tuple[int, int]) -> pa.Table:
+    """``rows`` as the versioned table ``name``'s rows at ``version`` (its columns in order, missing ones null)."""
+    schema = _arrow(OUTPUT_TABLES[name])
+    n = rows.num_rows
+    data = {"topology_major": pa.array(np.full(n, version[0], np.int64)),
+            "topology_minor": pa.array(np.full(n, version[1], np.int32))}
+    for f in schema:
+        if f.name not in VERSION_COLUMNS:
+            data[f.name] = rows.column(f.name) if f.name in rows.column_names else pa.nulls(n, f.type)
+    return pa.table(data).cast(schema)
+
+
+def _release(out: DataFrame | pa.Table | None) -> None:
+    if isinstance(out, DataFrame):
+        out.unpersist()
 
 
 def tagged(df: DataFrame, kind: int, keep: Sequence[str] = ()) -> DataFrame:

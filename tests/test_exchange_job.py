@@ -68,9 +68,11 @@ def equal_counters_different_sizes(spark: Any, path: Path) -> Cluster:
 @pytest.fixture(params=["driver", "spark"])
 def unsettled_finder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Which partitions a join or a failure touches is found on the driver for small clusters and by a Spark job
-    for large ones, and they are selected by literals when few, by a broadcast join when many: run the scenario
-    both ways (thresholds 0 force the Spark job and the join)."""
+    for large ones, they are selected by literals when few, by a broadcast join when many, and small exchanges are
+    decided on the driver, large ones in Spark: run the scenario both ways (thresholds 0 force the Spark jobs and
+    the join)."""
     if request.param == "spark":
+        monkeypatch.setattr(pipeline, "DRIVER_KERNEL_REPLICAS", 0)
         monkeypatch.setattr(pipeline, "DRIVER_COPIES", 0)
         monkeypatch.setattr(pipeline, "DRIVER_RANKINGS", 0)
         monkeypatch.setattr(pipeline, "KEYS_AS_LITERALS", 0)

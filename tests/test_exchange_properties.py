@@ -47,8 +47,9 @@ temporary, all OWNING); an OWNING report that a version consumes (``report_seq``
 from an alive server shows as an OWNING (or RENTING) copy in that version's map.
 
 Every exchange the test runs itself (not the twin's) after the first is also run a second time on a copy of the
-warehouse with ``carry_settled=False``: carrying the settled partitions over (``rebalancer.pipeline``,
-docs/EXCHANGE.md "Settled partitions") must give exactly the rows of recomputing every partition, in every
+warehouse with ``carry_settled=False`` and in Spark (``DRIVER_KERNEL_REPLICAS = 0``): carrying the settled
+partitions over (``rebalancer.pipeline``, docs/EXCHANGE.md "Settled partitions") and deciding these small clusters
+on the driver must give exactly the rows of recomputing every partition in Spark's ``mapInArrow``, in every
 versioned table.
 
 Each example runs 2-5 real exchanges of several seconds each, so the default run is capped at 2 examples
@@ -70,6 +71,7 @@ from typing import Any
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+from rebalancer import pipeline
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.client.affinity import assign
 from rebalancer.pipeline import VERSIONED_TABLES
@@ -216,13 +218,19 @@ def run(c: Cluster, committed: list[Version]) -> None:
 
 
 def check_same_as_full_recomputation(c: Cluster, reference: Path, summaries: list[Any]) -> None:
-    """The versions just committed (settled partitions carried over) equal a run that recomputes every partition.
+    """The versions just committed (settled partitions carried over, decided on the driver) equal a run that
+    recomputes every partition in Spark.
 
     ``reference`` is a copy of the warehouse taken before the run; the same exchange runs there with
-    ``carry_settled=False`` and every versioned table must have exactly the same rows at every new version.
+    ``carry_settled=False`` and the kernel in Spark, and every versioned table must have exactly the same rows at
+    every new version.
     """
     full = Cluster.create(c.spark, reference)
-    full_summaries = full.exchange(carry_settled=False)
+    on_driver, pipeline.DRIVER_KERNEL_REPLICAS = pipeline.DRIVER_KERNEL_REPLICAS, 0
+    try:
+        full_summaries = full.exchange(carry_settled=False)
+    finally:
+        pipeline.DRIVER_KERNEL_REPLICAS = on_driver
     counts = ("exchange_type", "topology_major", "topology_minor", "partitions", "lost_partitions",
               "moving_copies", "temporary_primaries", "counter_conflicts", "migrations", "bytes_to_move")
     assert [[getattr(s, n) for n in counts] for s in summaries] == [

@@ -125,6 +125,10 @@ def test_each_version_records_what_it_consumed_and_the_next_reads_only_what_came
     second = c.warehouse.read("exchanges").where(f"exchange_id = {s.exchange_id}").first().input_versions
     assert second["topology_events"] > first["topology_events"]
     assert second["partition_reports"] == first["partition_reports"]
-    # delta-rs's budget; delta-spark runs two of Delta's jobs per table it commits (its state, the write: 11
-    # tables) where delta-rs writes from the driver (docs/STORAGE.md)
-    assert s.spark_jobs is not None and s.spark_jobs <= (12 if TEST_ENGINE == "delta-rs" else 24)
+    # A cluster this small is decided on the driver (pipeline.DRIVER_KERNEL_REPLICAS): on delta-rs, which reads and
+    # writes there too, not one Spark job; delta-spark runs two of Delta's jobs per table it commits (its state, the
+    # write: 11 tables; docs/STORAGE.md)
+    if TEST_ENGINE == "delta-rs":
+        assert s.spark_jobs == 0
+    else:
+        assert s.spark_jobs is not None and s.spark_jobs <= 24

@@ -69,6 +69,18 @@ def routed(assignment: DataFrame, groups: DataFrame) -> DataFrame:
     return client_affinity(assignment, mappings)
 
 
+def routed_on_driver(assignment: DataFrame, groups: DataFrame) -> DataFrame:
+    """The same on the driver, as small exchanges route (:func:`routing.client_affinity_arrow`)."""
+    rows = routing.client_affinity_arrow(assignment.toArrow(), [r.asDict() for r in groups.collect()])
+    return assignment.sparkSession.createDataFrame(rows)
+
+
+@pytest.fixture(params=["spark", "driver"])
+def route(request: pytest.FixtureRequest) -> Any:
+    """Routing as large exchanges run it (Spark) and as small ones do (the driver): the same rows."""
+    return routed if request.param == "spark" else routed_on_driver
+
+
 def key_in_partition(partition_id: int, partitions: int, partitioner: str = "murmur3") -> str:
     """The first ``key-<i>`` that ``partitioner`` sends to ``partition_id``."""
     for i in range(100_000):
@@ -98,8 +110,8 @@ GROUPS = [
 ]
 
 
-def test_identical_groups_share_one_mapping_and_different_ones_do_not(spark: SparkSession) -> None:
-    actual_df = routed(assignment_df(spark, LAYOUT), groups_df(spark, GROUPS))
+def test_identical_groups_share_one_mapping_and_different_ones_do_not(spark: SparkSession, route: Any) -> None:
+    actual_df = route(assignment_df(spark, LAYOUT), groups_df(spark, GROUPS))
 
     # mapping ids are dense, ordered by each mapping's smallest group name: audit, events, orders+payments, users
     expected_df = spark.createDataFrame(
@@ -121,12 +133,12 @@ def test_identical_groups_share_one_mapping_and_different_ones_do_not(spark: Spa
 
 
 def test_null_partitioner_of_the_ignite_affinity_is_ignite_so_it_does_not_fold_with_murmur3(
-    spark: SparkSession,
+    spark: SparkSession, route: Any
 ) -> None:
     layout = {"a": SHARED, "b": SHARED, "c": SHARED}
     groups = [("a", 2, "ignite", None), ("b", 2, "ignite", "IGNITE"), ("c", 2, "rendezvous", None)]
 
-    rows = routed(assignment_df(spark, layout), groups_df(spark, groups)).collect()
+    rows = route(assignment_df(spark, layout), groups_df(spark, groups)).collect()
 
     assert sorted({(r.mapping_id, tuple(r.group_names)) for r in rows}) == [(0, ("a", "b")), (1, ("c",))]
     assert resolve_partitioner(None, "ignite") == "ignite"
@@ -151,14 +163,14 @@ def test_one_hash_family_colliding_never_folds_different_mappings(
     assert primary_c0 == ["n3"]
 
 
-def test_a_temporary_primary_is_what_clients_route_to_not_the_ideal_primary(spark: SparkSession) -> None:
+def test_a_temporary_primary_is_what_clients_route_to_not_the_ideal_primary(spark: SparkSession, route: Any) -> None:
     # Ideal partition 0 of "orders" is [n1, n2], but n1 just joined and holds no data yet: late affinity keeps
     # the owner n3 as temporary primary, followed by the ideal nodes ([n3, n1, n2], is_temporary).
     ideal = {"orders": [["n1", "n2"], ["n2", "n1"]]}
     late = {"orders": [["n3", "n1", "n2"], ["n2", "n1"]]}
     late_df = assignment_df(spark, late, temporary=frozenset({("orders", 0)}))
 
-    actual_df = routed(late_df, groups_df(spark, [("orders", 2, None, None)]))
+    actual_df = route(late_df, groups_df(spark, [("orders", 2, None, None)]))
 
     expected_df = spark.createDataFrame(
         [(0, ["orders"], 0, "n3", ["n1", "n2"]), (0, ["orders"], 1, "n2", ["n1"])], CLIENT_AFFINITY_STAGE
@@ -363,13 +375,13 @@ def _partitioner(settings_of: Mapping[str, tuple[int, str | None, str | None]], 
 @settings(max_examples=max(6, settings.default.max_examples // 4))  # each example is one Spark run
 @given(cluster=clusters())
 def test_property_the_client_primary_is_replica_0_for_every_group_and_partition(
-    spark: SparkSession, cluster: Cluster
+    spark: SparkSession, route: Any, cluster: Cluster
 ) -> None:
     layout, settings_of, temporary = cluster
     groups = [(g, p, a, k) for g, (p, a, k) in settings_of.items()]
     group_rows = [{"group_name": g, "partitions": p, "affinity": a, "partitioner": k} for g, p, a, k in groups]
 
-    rows = routed(assignment_df(spark, layout, temporary), groups_df(spark, groups)).collect()
+    rows = route(assignment_df(spark, layout, temporary), groups_df(spark, groups)).collect()
     routing_map = RoutingMap.from_dict(export_rows_to_json(rows, group_rows, (1, 0)))
 
     assert routing_map.groups() == sorted(layout)

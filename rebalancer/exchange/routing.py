@@ -29,10 +29,14 @@ Export (:func:`export_rows_to_json`, pure Python): the committed ``client_affini
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
@@ -43,6 +47,7 @@ from rebalancer.tables import CLIENT_AFFINITY, VERSION_COLUMNS
 
 __all__ = [
     "CLIENT_AFFINITY_STAGE",
+    "client_affinity_arrow",
     "DIGEST_LANES",
     "ClientMapping",
     "fold",
@@ -190,6 +195,88 @@ def client_affinity(assignment_df: DataFrame, mappings: Sequence[ClientMapping])
         )
         .to(CLIENT_AFFINITY_STAGE)
     )
+
+
+def client_affinity_arrow(assignment: pa.Table, groups: Iterable[dict[str, Any]]) -> pa.Table:
+    """:func:`fold` and :func:`client_affinity` over an Arrow assignment, on the driver (small exchanges).
+
+    The same mappings and rows as the Spark path. Groups fold when their rows are equal, compared exactly (each
+    group's rows sorted, node ids numbered over the whole assignment, the three columns hashed with BLAKE2b, 256
+    bits) rather than by the Spark path's multiset sums; both fold exactly the groups with equal rows unless hashes
+    collide.
+
+    Args:
+        assignment: the late assignment (``group_name, partition_id, replica_index, node_id``; extra columns
+            ignored), ``(group_name, partition_id, replica_index)`` unique.
+        groups: ``cache_groups`` rows, as for :func:`fold`.
+
+    Returns:
+        :data:`CLIENT_AFFINITY_STAGE` rows as Arrow, ordered by mapping and partition.
+    """
+    schema = _arrow_stage_schema()
+    complete = pc.and_(
+        pc.and_(pc.is_valid(assignment.column("group_name")), pc.is_valid(assignment.column("partition_id"))),
+        pc.and_(pc.is_valid(assignment.column("replica_index")), pc.is_valid(assignment.column("node_id"))),
+    )
+    rows = pa.table({
+        "group_name": assignment.column("group_name"),
+        "partition_id": assignment.column("partition_id").cast(pa.int32()),
+        "replica_index": assignment.column("replica_index").cast(pa.int32()),
+        "node_id": assignment.column("node_id"),
+    }).filter(complete).sort_by([("group_name", "ascending"), ("partition_id", "ascending"),
+                                 ("replica_index", "ascending"), ("node_id", "ascending")])
+    group_names = rows.column("group_name").to_numpy(zero_copy_only=False).astype(object)
+    nodes = np.asarray(pc.index_in(rows.column("node_id"), pc.unique(rows.column("node_id")).sort()),
+                       dtype=np.int32)
+    partition = np.asarray(rows.column("partition_id"), dtype=np.int32)
+    replica = np.asarray(rows.column("replica_index"), dtype=np.int32)
+    starts = np.flatnonzero(np.r_[True, group_names[1:] != group_names[:-1]]) if len(group_names) else np.array([], int)
+    bounds = np.r_[starts, len(group_names)]
+    digests = []
+    for k, first in enumerate(starts):
+        part = slice(first, bounds[k + 1])
+        h = hashlib.blake2b(digest_size=32)
+        for column in (partition[part], replica[part], nodes[part]):
+            h.update(np.ascontiguousarray(column).tobytes())
+        digests.append({"group_name": group_names[first], "digest": (bounds[k + 1] - first, h.digest())})
+    settings = {
+        g["group_name"]: (int(g["partitions"]), resolve_partitioner(g.get("partitioner"), g.get("affinity")))
+        for g in groups
+    }
+    classes: dict[tuple[Any, ...], list[str]] = {}
+    for d in digests:
+        if d["group_name"] in settings:
+            classes.setdefault((*settings[d["group_name"]], *d["digest"]), []).append(d["group_name"])
+    mappings = [ClientMapping(i, names) for i, names in enumerate(sorted(tuple(sorted(n)) for n in classes.values()))]
+    if not mappings:
+        return schema.empty_table()
+    lead = {m.lead: m for m in mappings}
+    ordered = sorted(lead)
+    chosen = rows.filter(pc.is_in(rows.column("group_name"), pa.array(ordered, pa.string())))
+    g = chosen.column("group_name").to_numpy(zero_copy_only=False).astype(object)
+    p = np.asarray(chosen.column("partition_id"), dtype=np.int32)
+    first = np.r_[True, (g[1:] != g[:-1]) | (p[1:] != p[:-1])] if len(g) else np.zeros(0, bool)
+    heads = np.flatnonzero(first)
+    node_ids = chosen.column("node_id").combine_chunks()
+    backups = node_ids.filter(pa.array(~first))
+    offsets = np.r_[heads - np.arange(len(heads)), len(backups)].astype(np.int32)
+    which = pc.index_in(pa.array(g[heads], pa.string()), pa.array(ordered, pa.string()))
+    ids = pa.array([lead[name].mapping_id for name in ordered], pa.int32())
+    names = pa.array([list(lead[name].group_names) for name in ordered], pa.list_(pa.string()))
+    out = pa.table({
+        "mapping_id": pc.take(ids, which),
+        "group_names": pc.take(names, which),
+        "partition_id": pa.array(p[heads], pa.int32()),
+        "primary_node": node_ids.take(pa.array(heads)),
+        "backup_nodes": pa.ListArray.from_arrays(pa.array(offsets), backups),
+    }).cast(schema)
+    return out.sort_by([("mapping_id", "ascending"), ("partition_id", "ascending")])
+
+
+def _arrow_stage_schema() -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(CLIENT_AFFINITY_STAGE, timezone="UTC")
 
 
 def _clean(assignment_df: DataFrame) -> DataFrame:

@@ -700,6 +700,12 @@ class Warehouse(abc.ABC):
     def location(self) -> str:
         """Where the warehouse is, for messages: its absolute directory or URI, or its catalog prefix."""
 
+    @property
+    def reads_on_driver(self) -> bool:
+        """Whether :meth:`read_arrow` reads on the driver, without a Spark job (the pipeline then decides small
+        exchanges there: ``pipeline.DRIVER_KERNEL_REPLICAS``)."""
+        return False
+
     def __init__(self, spark: SparkSession, *, commit_retries: int = 5, concurrent_commits: int = 1) -> None:
         self.spark = spark
         self.commit_retries = commit_retries

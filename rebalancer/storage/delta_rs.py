@@ -254,6 +254,10 @@ class DeltaRsWarehouse(Warehouse):
     def location(self) -> str:
         return self.root
 
+    @property
+    def reads_on_driver(self) -> bool:
+        return True
+
     # ---- tables ----
     def path_of(self, name: str) -> str:
         return os.path.join(self.root, check_table_name(name))

@@ -266,6 +266,10 @@ class DeltaSparkWarehouse(Warehouse):
     def location(self) -> str:
         return self.catalog_prefix or str(self.root)
 
+    @property
+    def reads_on_driver(self) -> bool:
+        return self._driver_reader is not None  # a local directory: delta-rs reads the files Delta wrote
+
     # ---- tables ----
     def path_of(self, name: str) -> str:
         check_table_name(name)
