@@ -721,9 +721,11 @@ def merge(results: dict[str, Any], others: list[dict[str, Any]]) -> dict[str, An
         changes.update({c["key"]: c for c in other["changes"]})
         merged.append({**{k: other["suite"].get(k) for k in ("command", "started", "seconds", "runs", "cli_runs")},
                        "changes": [c["key"] for c in other["changes"]], "commit": other["code"].get("commit")})
-        for name in OTHER_BENCHMARKS:  # a benchmark the other run measured and this one did not
-            if not (results.get(name) or {}).get("result") and (other.get(name) or {}).get("result"):
-                results = {**results, name: other[name]}
+        for name in OTHER_BENCHMARKS:  # a benchmark the other run measured itself (not --*-from) replaces ours
+            theirs = other.get(name) or {}
+            if theirs.get("result") and (not (results.get(name) or {}).get("result")
+                                         or not theirs.get("reused_from")):
+                results = {**results, name: theirs}
     order = {c.key: i for i, c in enumerate(scenario_changes(results["suite"].get("tiny", False)))}
     out = dict(results)
     out["changes"] = sorted(changes.values(), key=lambda c: order.get(c["key"], len(order)))
