@@ -75,6 +75,7 @@ from rebalancer.storage.base import (
 )
 from rebalancer.storage.delta_rs import file_may_match
 from rebalancer.storage.delta_spark import (
+    SMALL_SESSION_ROWS,
     DeltaSparkWarehouse,
     is_delta_conflict,
     table_reference,
@@ -751,6 +752,9 @@ def test_delta_spark_commits_driver_rows_from_a_sibling_session_with_interpreted
             spark.conf.set(factory, own_factory)
     assert small is not spark
     assert isinstance(wh, DeltaSparkWarehouse)
+    # more rows than SMALL_SESSION_ROWS (an exchange's large tables decided on the driver) compile in the caller's
+    many = _topology(spark, 1, [f"n{i}" for i in range(SMALL_SESSION_ROWS + 1)]).toArrow()
+    assert wh._frame(many, "topology").sparkSession is spark
     wh.create_tables(["topology"])
     assert small.conf.get(factory) == "NO_CODEGEN"
     assert small.conf.get(marker) == "the caller's"

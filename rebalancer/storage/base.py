@@ -916,13 +916,13 @@ class Warehouse(abc.ABC):
     def _frame(self, rows: pa.Table, name: str) -> DataFrame:
         """Driver rows as a DataFrame of the table's declared schema. An empty Arrow table may hold no chunk at all
         (delta-rs reads give such tables), which pyspark's Arrow conversion refuses: it gets an empty frame."""
-        session = self._driver_rows_session()
+        session = self._driver_rows_session(rows.num_rows)
         if rows.num_rows == 0:
             return session.createDataFrame([], tables.SCHEMAS[name])
         return session.createDataFrame(rows, schema=tables.SCHEMAS[name])
 
-    def _driver_rows_session(self) -> SparkSession:
-        """The session driver rows become a DataFrame in (and are committed from): the caller's."""
+    def _driver_rows_session(self, rows: int) -> SparkSession:
+        """The session ``rows`` driver rows become a DataFrame in (and are committed from): the caller's."""
         return self.spark
 
     # ---- writes ----

@@ -114,6 +114,9 @@ _VACUUMS_LOCK = threading.Lock()
 # The small session's settings (DeltaSparkWarehouse._small_session); measured in docs/BENCHMARKS.md. Internal to
 # Spark (not documented for users): a Spark that drops it ignores it, and the small work runs compiled, as before.
 _SMALL_SESSION_SETTINGS = {"spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+#: Driver rows up to this many are committed from the small session; more (the large tables of an exchange decided
+#: on the driver) from the caller's, whose compiled write is faster for them (docs/STORAGE.md).
+SMALL_SESSION_ROWS = 10_000
 
 
 def is_delta_conflict(exc: BaseException) -> bool:
@@ -364,9 +367,10 @@ class DeltaSparkWarehouse(Warehouse):
             return self.spark
         return session
 
-    def _driver_rows_session(self) -> SparkSession:
-        """The small session: a commit of driver rows runs interpreted (``_small_session``)."""
-        return self._small_session
+    def _driver_rows_session(self, rows: int) -> SparkSession:
+        """The small session for up to :data:`SMALL_SESSION_ROWS` rows (their commit runs interpreted:
+        ``_small_session``), else the caller's, which compiles the write of a large table."""
+        return self._small_session if rows <= SMALL_SESSION_ROWS else self.spark
 
     def _local_directory(self) -> str | None:
         """The warehouse's local directory when its log may be read on the driver, else None."""
