@@ -150,16 +150,19 @@ def fold(digests: Iterable[dict[str, Any]], groups: Iterable[dict[str, Any]]) ->
         The mappings, ``mapping_id`` 0, 1, ... ordered by each mapping's smallest group name; ``group_names``
         sorted.
     """
+    return _fold(((d["group_name"], tuple(int(d[lane]) for lane in DIGEST_LANES)) for d in digests), groups)
+
+
+def _fold(digests: Iterable[tuple[str, tuple[Any, ...]]], groups: Iterable[dict[str, Any]]) -> list[ClientMapping]:
+    """:func:`fold` over ``(group_name, digest)`` pairs, whatever the digest (a tuple compared for equality)."""
     settings = {
         g["group_name"]: (int(g["partitions"]), resolve_partitioner(g.get("partitioner"), g.get("affinity")))
         for g in groups
     }
     classes: dict[tuple[Any, ...], list[str]] = {}
-    for d in digests:
-        name = d["group_name"]
+    for name, digest in digests:
         if name in settings:
-            key = (*settings[name], *(int(d[lane]) for lane in DIGEST_LANES))
-            classes.setdefault(key, []).append(name)
+            classes.setdefault((*settings[name], *digest), []).append(name)
     members = sorted(tuple(sorted(names)) for names in classes.values())
     return [ClientMapping(i, names) for i, names in enumerate(members)]
 
@@ -238,16 +241,8 @@ def client_affinity_arrow(assignment: pa.Table, groups: Iterable[dict[str, Any]]
         h = hashlib.blake2b(digest_size=32)
         for column in (partition[part], replica[part], nodes[part]):
             h.update(np.ascontiguousarray(column).tobytes())
-        digests.append({"group_name": group_names[first], "digest": (bounds[k + 1] - first, h.digest())})
-    settings = {
-        g["group_name"]: (int(g["partitions"]), resolve_partitioner(g.get("partitioner"), g.get("affinity")))
-        for g in groups
-    }
-    classes: dict[tuple[Any, ...], list[str]] = {}
-    for d in digests:
-        if d["group_name"] in settings:
-            classes.setdefault((*settings[d["group_name"]], *d["digest"]), []).append(d["group_name"])
-    mappings = [ClientMapping(i, names) for i, names in enumerate(sorted(tuple(sorted(n)) for n in classes.values()))]
+        digests.append((str(group_names[first]), (int(bounds[k + 1] - first), h.digest())))
+    mappings = _fold(digests, groups)
     if not mappings:
         return schema.empty_table()
     lead = {m.lead: m for m in mappings}
