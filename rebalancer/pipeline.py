@@ -590,11 +590,12 @@ class _Run:
         small = {name: DECISION_SCHEMAS[name].empty_table() for name in _SMALL_KINDS}
         summary_counts = dict.fromkeys(SUMMARY_COLUMNS, 0)
         summary_counts["max_report_seq"] = -1
+        previous = _ReadOnce(self.warehouse)  # the driver path reads the previous version's tables once
         if groups and (unsettled.everything or unsettled.groups or unsettled.keys):  # no running group: nothing
             with meter.stage("kernel"):
                 small_kinds = [KINDS[k] for k in _SMALL_KINDS] + [SUMMARY]
                 if self._on_driver(groups, reports):
-                    decided = self._kernel_arrow(step, prev, groups, unsettled, reports)
+                    decided = self._kernel_arrow(step, prev, groups, unsettled, reports, previous)
                     collected = decided.filter(pc.is_in(decided.column("kind"), pa.array(small_kinds, pa.int8())))
                     out = decided
                 else:
@@ -618,7 +619,7 @@ class _Run:
         with meter.stage("plan"):
             plan, bound = schedule_plan(finish_plan(small["steps"], self.settings.migration), self.settings.migration)
         try:
-            counts = self._write(step, prev, version, groups, unsettled, out, small, plan, meter)
+            counts = self._write(step, prev, version, groups, unsettled, out, small, plan, meter, previous)
         finally:
             _release(out)
         if step.exchange_type == NONE and prev is not None:
@@ -905,10 +906,11 @@ class _Run:
 
     def _kernel_arrow(
         self, step: ExchangeStep, prev: Committed | None, groups: dict[str, GroupSettings], u: _Unsettled,
-        reports: Reports | None,
+        reports: Reports | None, previous: _ReadOnce,
     ) -> pa.Table:
-        """:meth:`_kernel` on the driver: the same tagged rows, read as Arrow, decided by the same stream function
-        in one buffer ordered by partition; the long output table."""
+        """:meth:`_kernel` on the driver: the same tagged rows, read as Arrow (through ``previous``, which keeps the
+        previous version's tables for :meth:`_write` to carry the settled partitions from), decided by the same
+        stream function in one buffer ordered by partition; the long output table."""
         ctx = self.context(step, prev, groups)
         sizes = {g: s.partitions for g, s in groups.items()}
         key = pa.schema([("group_name", pa.string()), ("partition_id", pa.int32())])
@@ -928,7 +930,7 @@ class _Run:
             where = version_where(prev.version)
             for name, kind in (("partition_map", MAP), ("affinity_assignment", ASSIGNMENT),
                                ("partition_versions", VERSION)):
-                rows = self.warehouse.read_arrow(name, where=where)
+                rows = previous.read_arrow(name, where=where)
                 parts.append(_tagged_arrow(rows.filter(_unsettled_mask(rows, u, sizes)), kind))
             lost = self.warehouse.read_arrow("lost_partitions", where=where).select(list(PARTITION_KEY))
             lost = _filter_keys(lost, u, sizes)
@@ -944,6 +946,7 @@ class _Run:
     def _write(
         self, step: ExchangeStep, prev: Committed | None, version: tuple[int, int], groups: dict[str, GroupSettings],
         u: _Unsettled, out: DataFrame | pa.Table | None, small: dict[str, pa.Table], plan: pa.Table, meter: Meter,
+        previous: _ReadOnce,
     ) -> dict[str, int]:
         wh, where = self.warehouse, version_where(version)
         sizes = {g: s.partitions for g, s in groups.items()}
@@ -960,7 +963,7 @@ class _Run:
                 parts.append(out.filter(pc.equal(out.column("kind"), KINDS[name])).select(columns)
                              .cast(parts[0].schema))
             if prev is not None and carried_groups:
-                before = wh.read_arrow(name, where=version_where(prev.version))
+                before = previous.read_arrow(name, where=version_where(prev.version))
                 parts.append(before.filter(_settled_mask(before, u, sizes)).select(columns).cast(parts[0].schema))
             return _versioned_arrow(pa.concat_tables(parts), name, version)
 
