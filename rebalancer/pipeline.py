@@ -879,7 +879,7 @@ class _Run:
                                ("partition_versions", VERSION)):
                 parts.append(tagged(select.unsettled(self.warehouse.read(name, where=where)), kind))
             lost = self.warehouse.read_arrow("lost_partitions", where=where).select(list(PARTITION_KEY))
-            lost = _filter_keys(lost, u, sizes)
+            lost = lost.filter(_unsettled_mask(lost, u, sizes))
             if lost.num_rows:
                 parts.append(tagged(spark.createDataFrame(lost), LOST_ROW))
         if reports is not None:
@@ -933,7 +933,7 @@ class _Run:
                 rows = previous.read_arrow(name, where=where)
                 parts.append(_tagged_arrow(rows.filter(_unsettled_mask(rows, u, sizes)), kind))
             lost = self.warehouse.read_arrow("lost_partitions", where=where).select(list(PARTITION_KEY))
-            lost = _filter_keys(lost, u, sizes)
+            lost = lost.filter(_unsettled_mask(lost, u, sizes))
             if lost.num_rows:
                 parts.append(_tagged_arrow(lost, LOST_ROW))
         if reports is not None and reports.arrow is not None:
@@ -1185,15 +1185,6 @@ def _in_range_sql(groups: Iterable[str], sizes: Mapping[str, int]) -> str:
 def _pairs(t: pa.Table) -> set[tuple[str, int]]:
     """The (group_name, partition_id) pairs of an Arrow table."""
     return set(zip(t.column("group_name").to_pylist(), t.column("partition_id").to_pylist(), strict=True))
-
-
-def _filter_keys(t: pa.Table, u: _Unsettled, sizes: Mapping[str, int]) -> pa.Table:
-    rows = [
-        (g, p) for g, p in zip(t.column("group_name").to_pylist(), t.column("partition_id").to_pylist(), strict=True)
-        if g in sizes and p < sizes[g] and (u.everything or g in u.groups or (g, p) in u.keys)
-    ]
-    return pa.table({"group_name": [g for g, _ in rows], "partition_id": [p for _, p in rows]},
-                    schema=pa.schema([("group_name", pa.string()), ("partition_id", pa.int32())]))
 
 
 def _key_codes(t: pa.Table, sizes: Mapping[str, int]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
