@@ -49,7 +49,7 @@ interop-slow: $(STAMP)
 # session (every warehouse opened with engine "auto" is then a delta-spark one), a warehouse crossing engines
 # (delta-rs -> delta-spark -> delta-rs), and vacuum on delta-spark; then the storage contract and the exchange
 # scenarios once more with storage.driver_reader = false (everything through Delta: the path of catalog tables and
-# remote storage, Databricks' path). About 16 minutes on 2 cores (the tier 6.7, the slow vacuum 1, without the driver
+# remote storage, Databricks' path). About 15 minutes on 2 cores (the tier 5.5, the slow vacuum 1, without the driver
 # reader about 8): Delta runs its own Spark jobs for every commit.
 DELTA_SPARK_TIER := tests/test_storage.py tests/test_exchange_job.py tests/test_exchange_events.py \
 	tests/test_persistent_cluster.py tests/test_incremental_inputs.py tests/test_bad_input.py \

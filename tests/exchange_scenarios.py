@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from rebalancer import pipeline
 from rebalancer.config import Settings
 from rebalancer.pipeline import ExchangeSummary, run_exchange
 from rebalancer.storage import Warehouse, open_warehouse
@@ -72,9 +75,14 @@ class Cluster:
         return result
 
     def join(self, *node_ids: str, client: bool = False) -> None:
+        """The nodes' rows in one commit, then their NODE_JOINED events (one each, in order) in one commit."""
+        rows = []
         for node_id in node_ids:
-            self.node(node_id, client=client)
-            self.event("NODE_JOINED", node=node_id)
+            self._order += 1
+            rows.append((node_id, None, self._order, f"h-{node_id}", {}, 1.0, client))
+        self.warehouse.append("nodes", self.spark.createDataFrame(rows, NODES))
+        self.events_at([(self._seq + i, "NODE_JOINED", node_id) for i, node_id in enumerate(node_ids, start=1)])
+        self._seq += len(node_ids)
 
     def report(self, rows: list[tuple[str, str, int, str, int, int, int | None]]) -> None:
         """Reports ``(node, group, partition, state, counter, size, wal_history_counter)``; bytes = 10 x size."""
@@ -99,6 +107,13 @@ class Cluster:
         rows = [(e[0], e[1], e[2], e[3] if len(e) > 3 else None, T0 + timedelta(seconds=e[0])) for e in events]
         self.warehouse.append("topology_events", self.spark.createDataFrame(rows, TOPOLOGY_EVENTS))
 
+    def copy_to(self, path: Path) -> Cluster:
+        """This cluster's warehouse copied file by file to ``path`` (Delta tables are relative to their folder),
+        opened there, with this cluster's sequences and clock: the copy continues exactly as this one would."""
+        shutil.copytree(self.settings.storage.warehouse, path)
+        settings = self.settings.with_overrides(storage={"warehouse": str(path)})
+        return replace(self, warehouse=open_warehouse(self.spark, settings.storage), settings=settings)
+
     def exchange(self, **kwargs: Any) -> list[ExchangeSummary]:
         return run_exchange(self.spark, self.warehouse, self.settings, clock=self.clock, **kwargs)
 
@@ -113,6 +128,29 @@ class Cluster:
     def rows(self, name: str, version: tuple[int, int], *columns: str) -> set[tuple[Any, ...]]:
         df = self.table(name, version)
         return {tuple(r) for r in df.select(*(columns or df.columns)).collect()}
+
+
+# The thresholds a test may lower to force the Spark paths (tests/test_exchange_job.py's ``unsettled_finder``):
+# a builder's exchanges ran under the values of its template, so they are part of its key.
+_PATH_THRESHOLDS = ("DRIVER_KERNEL_REPLICAS", "DRIVER_COPIES", "DRIVER_RANKINGS", "KEYS_AS_LITERALS")
+
+
+def built_once(builder: Callable[..., Cluster]) -> Callable[..., Cluster]:
+    """A scenario builder ``builder(spark, path, *args, **kwargs)`` that builds each distinct call once per test
+    process (beside the first caller's ``path``) and gives every caller its own copy: a delta-spark exchange or
+    input commit costs Spark jobs, and many scenarios start from the same cluster."""
+    templates: dict[str, Cluster] = {}
+
+    @functools.wraps(builder)
+    def build(spark: SparkSession, path: Path, *args: Any, **kwargs: Any) -> Cluster:
+        thresholds = [getattr(pipeline, name) for name in _PATH_THRESHOLDS]
+        key = repr((args, sorted(kwargs.items()), thresholds))
+        if key not in templates:
+            templates[key] = builder(spark, path.with_name(f"{path.name}-{builder.__name__}-template"), *args,
+                                     **kwargs)
+        return templates[key].copy_to(path)
+
+    return build
 
 
 def assert_table(cluster: Cluster, name: str, version: tuple[int, int], columns: list[str],

@@ -18,13 +18,14 @@ from rebalancer.config import StorageSettings
 from rebalancer.pipeline import VERSIONED_TABLES
 from rebalancer.storage import open_warehouse
 from tests.conftest import TEST_API_MODE, TEST_ENGINE
-from tests.exchange_scenarios import Cluster, assert_table, run_together
+from tests.exchange_scenarios import Cluster, assert_table, built_once, run_together
 
 ASSIGNMENT = ["group_name", "partition_id", "replica_index", "node_id", "is_temporary"]
 MAP = ["group_name", "partition_id", "node_id", "state", "update_counter", "size"]
 IDEAL_3 = {0: ["n2", "n1"], 1: ["n2", "n1"], 2: ["n3", "n2"]}
 
 
+@built_once
 def steady_three_nodes(spark: Any, path: Path, partitions: int = 3, groups: dict[str, str | None] | None = None,
                        **overrides: Any) -> Cluster:
     """n1, n2, n3 joined, every group's ideal copies OWNING at counter 10, size 5; exchange 1 committed (3.0)."""
@@ -40,6 +41,7 @@ def steady_three_nodes(spark: Any, path: Path, partitions: int = 3, groups: dict
     return c
 
 
+@built_once
 def lagging_replicas(spark: Any, path: Path) -> Cluster:
     """n1..n3 joined, not exchanged yet: n1 lags 50 updates behind n2 on g/0 (n2's WAL covers it) and on g/1 (it
     does not); g/2 is small, below the history threshold."""
@@ -54,6 +56,7 @@ def lagging_replicas(spark: Any, path: Path) -> Cluster:
     return c
 
 
+@built_once
 def equal_counters_different_sizes(spark: Any, path: Path) -> Cluster:
     """n1..n3 joined, not exchanged yet: g/0's two copies are at counter 10 with sizes 5 and 6."""
     c = Cluster.create(spark, path)

@@ -17,9 +17,10 @@ from typing import Any
 
 from rebalancer.pipeline import run_exchange
 from tests.conftest import TEST_ENGINE
-from tests.exchange_scenarios import Cluster
+from tests.exchange_scenarios import Cluster, built_once
 
 
+@built_once
 def steady(spark: Any, path: Path) -> Cluster:
     """Three nodes, one group of 3 partitions with 1 backup, every ideal copy OWNING at counter 10."""
     from rebalancer.affinity.assign import assign
