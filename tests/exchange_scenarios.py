@@ -53,9 +53,11 @@ class Cluster:
         self.warehouse.append("cache_groups", self.spark.createDataFrame([row], CACHE_GROUPS))
 
     def node(self, node_id: str, host: str | None = None, client: bool = False) -> None:
+        self.warehouse.append("nodes", self.spark.createDataFrame([self._node_row(node_id, host, client)], NODES))
+
+    def _node_row(self, node_id: str, host: str | None, client: bool) -> tuple[Any, ...]:
         self._order += 1
-        row = (node_id, None, self._order, host or f"h-{node_id}", {}, 1.0, client)
-        self.warehouse.append("nodes", self.spark.createDataFrame([row], NODES))
+        return (node_id, None, self._order, host or f"h-{node_id}", {}, 1.0, client)
 
     def event(self, event_type: str, node: str | None = None, group: str | None = None) -> int:
         self._seq += 1
@@ -76,10 +78,7 @@ class Cluster:
 
     def join(self, *node_ids: str, client: bool = False) -> None:
         """The nodes' rows in one commit, then their NODE_JOINED events (one each, in order) in one commit."""
-        rows = []
-        for node_id in node_ids:
-            self._order += 1
-            rows.append((node_id, None, self._order, f"h-{node_id}", {}, 1.0, client))
+        rows = [self._node_row(node_id, None, client) for node_id in node_ids]
         self.warehouse.append("nodes", self.spark.createDataFrame(rows, NODES))
         self.events_at([(self._seq + i, "NODE_JOINED", node_id) for i, node_id in enumerate(node_ids, start=1)])
         self._seq += len(node_ids)
