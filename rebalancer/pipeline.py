@@ -420,7 +420,8 @@ class Hypothetical:
 
 
 class _ReadOnce:
-    """A warehouse that answers a repeated read from memory: what-if asks the same reads for every event set."""
+    """A warehouse that answers a repeated read from memory: what-if asks the same reads for every event set, and
+    an exchange decided on the driver reads the previous version's tables for its kernel and again for its writes."""
 
     def __init__(self, warehouse: Warehouse) -> None:
         self._warehouse = warehouse
@@ -878,8 +879,7 @@ class _Run:
             for name, kind in (("partition_map", MAP), ("affinity_assignment", ASSIGNMENT),
                                ("partition_versions", VERSION)):
                 parts.append(tagged(select.unsettled(self.warehouse.read(name, where=where)), kind))
-            lost = self.warehouse.read_arrow("lost_partitions", where=where).select(list(PARTITION_KEY))
-            lost = lost.filter(_unsettled_mask(lost, u, sizes))
+            lost = self._unsettled_lost(where, u, sizes)
             if lost.num_rows:
                 parts.append(tagged(spark.createDataFrame(lost), LOST_ROW))
         if reports is not None:
@@ -897,6 +897,11 @@ class _Run:
             .mapInArrow(run, schema)
             .persist()
         )
+
+    def _unsettled_lost(self, where: Mapping[str, Any], u: _Unsettled, sizes: Mapping[str, int]) -> pa.Table:
+        """The keys of the previous version's lost partitions among the recomputed ones (both kernel paths)."""
+        lost = self.warehouse.read_arrow("lost_partitions", where=where).select(list(PARTITION_KEY))
+        return lost.filter(_unsettled_mask(lost, u, sizes))
 
     def _on_driver(self, groups: Mapping[str, GroupSettings], reports: Reports | None) -> bool:
         """Whether this exchange is decided on the driver (:data:`DRIVER_KERNEL_REPLICAS`)."""
@@ -932,8 +937,7 @@ class _Run:
                                ("partition_versions", VERSION)):
                 rows = previous.read_arrow(name, where=where)
                 parts.append(_tagged_arrow(rows.filter(_unsettled_mask(rows, u, sizes)), kind))
-            lost = self.warehouse.read_arrow("lost_partitions", where=where).select(list(PARTITION_KEY))
-            lost = lost.filter(_unsettled_mask(lost, u, sizes))
+            lost = self._unsettled_lost(where, u, sizes)
             if lost.num_rows:
                 parts.append(_tagged_arrow(lost, LOST_ROW))
         if reports is not None and reports.arrow is not None:
