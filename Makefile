@@ -49,8 +49,8 @@ interop-slow: $(STAMP)
 # session (every warehouse opened with engine "auto" is then a delta-spark one), a warehouse crossing engines
 # (delta-rs -> delta-spark -> delta-rs), and vacuum on delta-spark; then the storage contract and the exchange
 # scenarios once more with storage.driver_reader = false (everything through Delta: the path of catalog tables and
-# remote storage, Databricks' path). About 15 minutes on 2 cores (the tier 5.5, the slow vacuum 1, without the driver
-# reader about 8): Delta runs its own Spark jobs for every commit.
+# remote storage, Databricks' path). About 13 minutes on 2 cores (the tier 5.5, the slow vacuum 1, without the driver
+# reader about 6.5): Delta runs its own Spark jobs for every commit.
 DELTA_SPARK_TIER := tests/test_storage.py tests/test_exchange_job.py tests/test_exchange_events.py \
 	tests/test_persistent_cluster.py tests/test_incremental_inputs.py tests/test_bad_input.py \
 	tests/test_delta_spark.py::test_a_warehouse_crossing_engines_rs_spark_rs_commits_what_one_engine_commits \
