@@ -4,13 +4,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-all interop interop-slow storage-slow connect-slow bench-interop soak lint bench bench-quick clean
+.PHONY: install demo test test-all interop interop-slow kafka-slow storage-slow connect-slow bench-interop soak lint bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 not found (tried python3.11, python3)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[local,test,dev]"
+	$(PY) -m pip install --quiet -e ".[local,kafka,test,dev]"
 	# The Delta Lake jars for the delta-spark engine, from Maven Central (needs mvn; without it delta-rs is used).
 	$(PY) -m rebalancer.delta_jars
 	# A class-data archive of the classes every Spark start loads: sessions start about 1.5 s sooner.
@@ -43,6 +43,12 @@ interop: $(STAMP)
 # after `make test`, which runs the fast ones.
 interop-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow tests/interop --durations=10
+
+# A real Apache Kafka 4.4 cluster (KRaft, loopback; the jars from Maven Central into .cache/kafka) collected, planned
+# and driven by rebalancer (docs/KAFKA.md; needs java and mvn). CI runs it; `make test` runs the pure Kafka tests.
+# One test at a time: each scenario starts its own brokers, and several clusters at once overload 2 cores.
+kafka-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow tests/kafka --durations=10
 
 # The delta-spark engine, for real (CI runs it after `make test`): the storage contract, the exchange scenarios with
 # their exact tables, the crash points and the concurrency tests once more with the Delta jars in the suite's

@@ -19,6 +19,9 @@ from rebalancer.config import load_settings
 from rebalancer.console import (
     console,
     err_console,
+    print_collect,
+    print_execute,
+    print_kafka_round,
     print_round,
     print_rows,
     print_stability,
@@ -402,6 +405,74 @@ def balance(
         console.print_json(json.dumps(result.as_dict()))
     else:
         print_balance(result, top)
+
+
+kafka_app = typer.Typer(
+    help="A live Apache Kafka cluster (docs/KAFKA.md): collect its state into the input tables, execute the "
+         "committed plan on it, or loop collect -> exchange -> execute.",
+    no_args_is_help=True,
+)
+app.add_typer(kafka_app, name="kafka")
+_BOOTSTRAP_HELP = "Brokers to connect to, HOST:PORT[,HOST:PORT...] (default: [kafka] bootstrap)."
+
+
+@kafka_app.command("collect")
+def kafka_collect(
+    ctx: typer.Context,
+    bootstrap: Annotated[str | None, typer.Option("--bootstrap", help=_BOOTSTRAP_HELP)] = None,
+) -> None:
+    """Write what the cluster is into the input tables: brokers, topics, one report per replica, and the events
+    since the last collect. A collect of an unchanged cluster writes nothing."""
+    from rebalancer.kafka.drive import collect_cluster, snapshot_of
+
+    state = _state(ctx)
+    with step("reading the cluster"):
+        snapshot = snapshot_of(state.settings, bootstrap)  # before Spark starts: an unreachable cluster fails fast
+    with step("collecting the cluster"):
+        result = collect_cluster(state.warehouse, state.settings, snapshot=snapshot)
+    print_collect(result)
+
+
+@kafka_app.command("execute")
+def kafka_execute(
+    ctx: typer.Context,
+    bootstrap: Annotated[str | None, typer.Option("--bootstrap", help=_BOOTSTRAP_HELP)] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the reassignment JSON (the format "
+                                          "kafka-reassign-partitions reads) and change nothing.")] = False,
+) -> None:
+    """Apply the newest committed plan: reassignments in the plan's order, at most [migration]
+    max_parallel_per_node in flight on any broker, throttled when [kafka] throttle_bytes_per_s is set; the
+    progress is collected back as reports. Killed and re-run, it resumes."""
+    import json
+
+    from rebalancer.kafka.drive import execute_plan, planned_moves
+
+    state = _state(ctx)
+    planned = planned_moves(state.warehouse)
+    if dry_run:
+        console.print(json.dumps(planned.as_reassignment_json(), indent=2), markup=False)
+        return
+    with step(f"executing {len(planned.moves)} moves of version {planned.version}"):
+        result, collects = execute_plan(state.warehouse, state.settings, bootstrap, planned)
+    print_execute(result, collects)
+
+
+@kafka_app.command("run")
+def kafka_run(
+    ctx: typer.Context,
+    bootstrap: Annotated[str | None, typer.Option("--bootstrap", help=_BOOTSTRAP_HELP)] = None,
+    until_stable: Annotated[bool, typer.Option("--until-stable", help="Repeat until a round finds nothing to "
+                                               "move (at most [kafka] until_stable_rounds rounds).")] = False,
+) -> None:
+    """collect -> exchange -> execute, once or until stable."""
+    from rebalancer.kafka.drive import run
+
+    state = _state(ctx)
+    with step("driving the cluster"):
+        rounds = run(state.spark, state.warehouse, state.settings, bootstrap, until_stable=until_stable,
+                     on_round=print_kafka_round)
+    if until_stable and not rounds[-1].stable:
+        raise RuntimeError(f"the cluster was not stable after {len(rounds)} rounds ([kafka] until_stable_rounds)")
 
 
 def _log_to_stderr(on: bool) -> None:

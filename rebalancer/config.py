@@ -85,6 +85,16 @@ class BaselineConfig(_Strict):
         return self.auto_adjust and self.auto_adjust_timeout_s <= 0
 
 
+class KafkaSettings(_Strict):
+    bootstrap: str = ""
+    include_internal: bool = True
+    client_timeout_s: float = Field(15.0, gt=0)
+    throttle_bytes_per_s: int = Field(0, ge=0)
+    poll_interval_s: float = Field(0.5, gt=0)
+    execute_timeout_s: float = Field(600.0, gt=0)
+    until_stable_rounds: int = Field(10, ge=1)
+
+
 class Settings(_Strict):
     """Every setting of the engine; see ``conf/default.toml`` for what each means."""
 
@@ -96,6 +106,7 @@ class Settings(_Strict):
     migration: MigrationSettings = MigrationSettings()
     validation: ValidationSettings = ValidationSettings()
     baseline: BaselineConfig = BaselineConfig()
+    kafka: KafkaSettings = KafkaSettings()
 
     def with_overrides(self, **sections: dict[str, Any]) -> Settings:
         """A copy with some keys replaced, validated like a file: ``s.with_overrides(storage={"warehouse": "w"})``."""

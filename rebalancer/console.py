@@ -19,6 +19,9 @@ __all__ = [
     "console",
     "err_console",
     "print_balance",
+    "print_collect",
+    "print_execute",
+    "print_kafka_round",
     "print_round",
     "print_rows",
     "print_stability",
@@ -169,3 +172,27 @@ def print_what_if(run: Any, top: int) -> None:
     console.print(f"{min(len(rows), top)} of {len(rows)} scenarios shown{more}; {run.seconds:.1f} s{jobs}; nothing "
                   f"committed. All rows: rebalancer sql \"SELECT * FROM what_if WHERE run_id = '{run.run_id}'\"")
 
+
+
+def print_collect(result: Any) -> None:
+    """One line per collect of a live cluster: what it saw and what it appended."""
+    appended = ", ".join(f"{n} {name}" for name, n in result.appended.items() if n) or "nothing (unchanged)"
+    console.print(f"cluster {result.cluster_id}: {result.brokers} brokers, {result.topics} topics, "
+                  f"{result.partitions} partitions; appended {appended}")
+
+
+def print_execute(result: Any, collects: int) -> None:
+    """What an execution of a plan on a live cluster did."""
+    console.print(f"moves: {result.submitted} submitted, {result.resumed} resumed in flight, {result.already_done} "
+                  f"already done, {result.finished} finished in {result.seconds:.1f} s; at most "
+                  f"{result.max_in_flight_per_broker} in flight on one broker; progress collected {collects} times")
+
+
+def print_kafka_round(r: Any) -> None:
+    """One round of collect -> exchange -> execute."""
+    print_collect(r.collected)
+    for s in r.exchanges:
+        print_summary(s)
+    if r.executed is not None:
+        print_execute(r.executed, r.collects_during)
+    console.print("stable: nothing left to move" if r.stable else f"{len(r.planned.moves)} moves planned")

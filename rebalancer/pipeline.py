@@ -89,13 +89,23 @@ from rebalancer.inputs import (
 from rebalancer.planning.plan import finish_plan, schedule_plan
 from rebalancer.storage import Warehouse
 from rebalancer.storage.base import sql_literal
-from rebalancer.tables import EXCHANGES, OUTPUT_TABLES, REJECTED_ROWS, TOPOLOGY, VERSION_COLUMNS, version_where
+from rebalancer.tables import (
+    EXCHANGES,
+    OUTPUT_TABLES,
+    REJECTED_ROWS,
+    REPLICA_INDEX,
+    TOPOLOGY,
+    VERSION_COLUMNS,
+    version_where,
+)
 from rebalancer.validation import Consumer, InvalidInputError
 from rebalancer.vocabulary import (
     BALANCED,
     LATE_AFFINITY_SWITCH,
     MAX_PARTITIONS,
+    MOVING,
     NONE,
+    OWNING,
     PARTITION_KEY,
     REPLICATED,
 )
@@ -783,7 +793,42 @@ class _Run:
                     listed.update((g, (tuple(nodes.node_ids), m)) for g, m in placed.items())
                 placed = {g: placed_onto(m, nodes.node_ids, alive.node_ids) for g, m in placed.items()}
             out.update(placed)
+        if prev is None:
+            out.update(self._adopted(out, groups, alive))
         return out, listed
+
+    def _adopted(self, placed: Mapping[str, Any], groups: Mapping[str, GroupSettings], alive: NodeSet
+                 ) -> dict[str, Any]:
+        """A collected cluster's own placement, which its first exchange adopts (docs/KAFKA.md "Adopting a running
+        cluster"): for each balanced group, every partition whose copies on alive nodes the reports place
+        (``replica_index``, the extra column collectors write; OWNING or MOVING copies, latest report per copy)
+        keeps those nodes in that order; the other partitions keep the placement decided from scratch. So the
+        first exchange plans nothing the cluster is not already doing, and later ones continue from it."""
+        names = [g for g, s in groups.items() if s.affinity == BALANCED and g in placed]
+        raw = self.warehouse.read_raw("partition_reports") if names else None
+        if raw is None or REPLICA_INDEX not in raw.columns:
+            return {}
+        rows = raw.where(F.col("group_name").isin(names)).select(
+            *PARTITION_KEY, "node_id", "state", "report_seq", REPLICA_INDEX).toArrow().to_pylist()
+        latest: dict[tuple[str, int, str], dict[str, Any]] = {}
+        for r in rows:
+            key = (r["group_name"], r["partition_id"], r["node_id"])
+            if key not in latest or (r["report_seq"] or 0) >= (latest[key]["report_seq"] or 0):
+                latest[key] = r
+        where = {n: i for i, n in enumerate(alive.node_ids)}
+        lists: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        for (group, pid, node), r in latest.items():
+            if r[REPLICA_INDEX] is not None and r["state"] in (OWNING, MOVING) and node in where:
+                lists.setdefault((group, pid), []).append((r[REPLICA_INDEX], where[node]))
+        adopted: dict[str, Any] = {}
+        for (group, pid), copies in sorted(lists.items()):
+            matrix = adopted.get(group)
+            if matrix is None:
+                matrix = adopted[group] = np.array(placed[group], copy=True)
+            if 0 <= pid < matrix.shape[0]:
+                nodes = [i for _, i in sorted(copies)][: matrix.shape[1]]
+                matrix[pid] = nodes + [-1] * (matrix.shape[1] - len(nodes))
+        return adopted
 
     def _candidates(self, step: ExchangeStep, persistent: bool) -> frozenset[str]:
         """The nodes a group is placed over: the alive servers not draining, or for a persistent group the

@@ -22,8 +22,10 @@ from pyspark.sql.types import (
 )
 
 __all__ = [
+    "COLLECTED_COLUMNS",
     "INPUT_TABLES",
     "OUTPUT_TABLES",
+    "REPLICA_INDEX",
     "SCHEMAS",
     "VERSION_COLUMNS",
     "schema_of",
@@ -227,6 +229,12 @@ WHAT_IF = _schema(
     ("recomputed_partitions", L),
     ("created_at", T),
 )
+
+# Extra columns of input tables that collectors of live clusters write (SPEC section 2 allows extra columns;
+# docs/KAFKA.md): a partition_reports copy's place in its cluster's own replica list, 0 = the preferred primary (as
+# ideal_assignment's replica_index). The first exchange of a collected cluster adopts the placement they give.
+REPLICA_INDEX = "replica_index"
+COLLECTED_COLUMNS: dict[str, tuple[StructField, ...]] = {"partition_reports": (StructField(REPLICA_INDEX, INT),)}
 
 INPUT_TABLES: dict[str, StructType] = {
     "cache_groups": CACHE_GROUPS,

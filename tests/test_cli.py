@@ -169,3 +169,30 @@ def test_verbose_prints_the_traceback_before_the_sentence(spark: Any, tmp_path: 
     assert "Traceback" in err and err.rstrip().splitlines()[-1].startswith("error: ")
     code, _, err = run(capsys, "--warehouse", str(tmp_path / "w"), "sql", "SELEC nonsense")
     assert code == 1 and "Traceback" not in err
+
+
+def test_kafka_commands_say_one_sentence_when_no_cluster_answers_and_write_nothing(
+        spark: Any, tmp_path: Path, capsys: Any) -> None:
+    conf = tmp_path / "fast.toml"
+    conf.write_text("[kafka]\nclient_timeout_s = 2.0\n")
+    w = str(tmp_path / "w")
+    code, out, err = run(capsys, "--warehouse", w, "--conf", str(conf), "kafka", "collect", "--bootstrap",
+                         "127.0.0.1:1")
+    assert code == 1
+    assert err.strip().splitlines()[-1] == "error: no Kafka broker answered at 127.0.0.1:1 within 2 s " \
+                                           "(KafkaTimeoutError)"
+    assert not (tmp_path / "w").exists(), "the cluster is read before anything is opened or written"
+    code, _, err = run(capsys, "--warehouse", w, "kafka", "collect")
+    assert code == 1 and err.strip().splitlines()[-1] == (
+        "error: no Kafka cluster named: pass --bootstrap HOST:PORT or set [kafka] bootstrap")
+
+
+def test_kafka_execute_dry_run_before_any_exchange_prints_an_empty_reassignment(
+        spark: Any, tmp_path: Path, capsys: Any) -> None:
+    w = str(tmp_path / "w")
+    assert run(capsys, "--warehouse", w, "init")[0] == 0
+    code, out, _ = run(capsys, "--warehouse", w, "kafka", "execute", "--dry-run")
+    assert code == 0
+    import json
+
+    assert json.loads(out) == {"version": 1, "partitions": []}

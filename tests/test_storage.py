@@ -1188,3 +1188,35 @@ def test_replace_where_many_replaces_each_table_at_the_version_and_calls_back_af
     assert sorted((r.topology_major, r.primary_node, list(r.backup_nodes)) for r in rows) == [
         (1, "a", ["b", "c"]), (2, "x", ["b", "c"])
     ]
+
+
+# ---------------------------------------------------------------- extra columns (collectors, docs/KAFKA.md)
+
+
+def test_an_extra_column_is_added_once_as_metadata_and_old_rows_read_it_as_null(
+        wh: Warehouse, warehouse_dir: Path) -> None:
+    from pyspark.sql.types import IntegerType, StructField
+
+    schema = tables.INPUT_TABLES["partition_reports"]
+    arrow = to_arrow_schema(schema, timezone="UTC")
+    old = {f.name: None for f in schema.fields} | {"node_id": "1", "group_name": "t", "partition_id": 0,
+                                                    "state": "OWNING", "update_counter": 5, "report_seq": 1}
+    wh.append_arrow("partition_reports", pa.Table.from_pylist([old], arrow))
+    before = wh.table_version("partition_reports")
+    column = StructField("replica_index", IntegerType())
+    assert wh.add_columns("partition_reports", [column]) == ["replica_index"]
+    assert wh.table_version("partition_reports") == before + 1
+    assert wh.add_columns("partition_reports", [column]) == []  # idempotent: nothing committed
+    assert wh.table_version("partition_reports") == before + 1
+    rows = wh.read_raw("partition_reports").toArrow().to_pylist()
+    assert [(r["update_counter"], r["replica_index"]) for r in rows] == [(5, None)]
+    # a writer that does not know the column still writes (nulls); the declared read leaves it out
+    wh.append_arrow("partition_reports", pa.Table.from_pylist([old | {"report_seq": 2}], arrow))
+    assert wh.read_arrow("partition_reports").column_names == schema.names
+    # and a writer that knows it keeps its values
+    wh.append_arrow("partition_reports", pa.Table.from_pylist([old | {"report_seq": 3, "replica_index": 1}]))
+    assert sorted(r["replica_index"] or -1 for r in wh.read_raw("partition_reports").toArrow().to_pylist()) == [
+        -1, -1, 1]
+    protocol = DeltaTable(str(warehouse_dir / "partition_reports")).protocol()
+    assert (protocol.min_reader_version, protocol.min_writer_version) == (1, 2)
+    assert not protocol.reader_features and not protocol.writer_features

@@ -50,6 +50,7 @@ from pyspark.sql.types import (
     NullType,
     ShortType,
     StringType,
+    StructField,
     StructType,
     TimestampNTZType,
     TimestampType,
@@ -810,6 +811,30 @@ class Warehouse(abc.ABC):
             TableNotFoundError: the table does not exist.
             UnsupportedTableError: the table uses a feature this engine cannot read correctly.
         """
+
+    def add_columns(self, name: str, fields: Sequence[StructField]) -> list[str]:
+        """Add nullable columns to table ``name`` that it does not store yet: a metadata-only Delta commit (no data
+        file is rewritten, the protocol stays reader 1 / writer 2); existing rows read them as null. Input tables
+        may carry such extra columns (SPEC section 2); collectors add the ones they write (docs/KAFKA.md).
+
+        Args:
+            name: a table name.
+            fields: the columns; those already stored are left alone.
+
+        Returns:
+            The names of the columns this call added.
+
+        Raises:
+            TableNotFoundError: the table does not exist.
+        """
+        stored = set(self.read_raw(name).schema.names)
+        missing = [f for f in fields if f.name not in stored]
+        if missing:
+            self._add_columns(name, missing)
+        return [f.name for f in missing]
+
+    def _add_columns(self, name: str, fields: Sequence[StructField]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot add columns")
 
     def read_arrow(
         self, name: str, where: Mapping[str, WhereValue] | None = None, version: int | None = None

@@ -46,11 +46,21 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.exceptions import TableNotFoundError as DeltaTableNotFoundError
+from deltalake.schema import Schema as DeltaSchema
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import ArrayType, ByteType, IntegerType, LongType, MapType, ShortType, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    ByteType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StructField,
+    StructType,
+)
 
 from rebalancer import tables
 from rebalancer.frames import parallelism
@@ -290,6 +300,12 @@ class DeltaRsWarehouse(Warehouse):
 
     def table_version(self, name: str) -> int:
         return self._open(name).version()
+
+    def _add_columns(self, name: str, fields: Sequence[StructField]) -> None:
+        snapshot = self._open_for_write(name)
+        # Delta's schema JSON is Spark's StructType JSON: the fields go over as they are declared.
+        as_delta = DeltaSchema.from_json(StructType(list(fields)).json()).fields
+        snapshot.alter.add_columns(as_delta)
 
     # ---- reads ----
     def read(

@@ -36,7 +36,7 @@ from urllib.parse import urlparse
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StructField, StructType
 
 from rebalancer import tables
 from rebalancer.storage.base import (
@@ -471,6 +471,11 @@ class DeltaSparkWarehouse(Warehouse):
         return TableChanges(rows, now)
 
     # ---- writes ----
+    def _add_columns(self, name: str, fields: Sequence[StructField]) -> None:
+        self._committing(name)
+        columns = ", ".join(f"{quote_identifier(f.name)} {f.dataType.simpleString()}" for f in fields)
+        self.spark.sql(f"ALTER TABLE {self._reference(name)} ADD COLUMNS ({columns})")
+
     def _stored(self, name: str) -> tuple[StructType, set[str]]:
         stored = self.read_raw(name).schema
         declared = tables.SCHEMAS.get(name)
