@@ -15,7 +15,8 @@ Contract:
         Kafka's admin API gives no follower's log end offset); ``size`` the records between the log start and the
         counter; ``bytes`` its size on disk; ``wal_history_counter`` the log start offset (a follower can
         catch up from there); ``replica_index`` (:data:`rebalancer.tables.COLLECTED_COLUMNS`) its place in the
-        assignment. A replica no longer on a live broker that reported one is EVICTED. A partition with no live
+        assignment. A copy is reported when it changed, and every copy of a broker that (re)joined since the last
+        collect. A replica no longer on a live broker that reported one is EVICTED. A partition with no live
         in-sync replica has no OWNING copy: the exchange marks it lost.
       - brokers that registered since the last collect are NODE_JOINED, brokers gone are NODE_FAILED (NODE_LEFT
         when they were draining: a crash and a controlled shutdown look the same afterwards), new topics are
@@ -197,7 +198,10 @@ def _report_rows(snapshot: ClusterSnapshot, stored: Stored, alive: frozenset[str
                        "bytes": snapshot.replica_bytes.get((topic, p.partition, broker), 0),
                        "wal_history_counter": start,
                        "replica_index": target.index(broker) if broker in target else None}
-                if _differs(stored.reports.get((node, topic, p.partition)), row, _REPORT_FIELDS):
+                # a broker that (re)joined describes every copy it holds, changed or not: its copies left the map
+                # when it left, and the exchange knows of them only from a report newer than that
+                if node not in stored.alive or _differs(stored.reports.get((node, topic, p.partition)), row,
+                                                        _REPORT_FIELDS):
                     rows.append(row | {"report_seq": seq})
     for (node, topic, pid), last in sorted(stored.reports.items()):
         if (node, topic, pid) in seen or node not in alive or topic not in snapshot.topics or last["state"] == EVICTED:

@@ -154,3 +154,16 @@ def test_after_any_history_of_collects_the_tables_say_what_the_last_cluster_is(h
     assert seqs == list(range(1, len(seqs) + 1)), "event_seq increases by one, never reused"
     orders = [r["node_order"] for r in {r["node_id"]: r for r in history.get("nodes", [])}.values()]
     assert len(orders) == len(set(orders)), "node_order is unique"
+
+
+def test_a_broker_that_rejoins_reports_every_copy_it_holds_even_unchanged() -> None:
+    history: dict[str, list[dict[str, Any]]] = {}
+    both = _snapshot({1: None, 2: None}, {"t": (_part("t", 0, (1, 2)), _part("t", 1, (2, 1)))})
+    stored = _fold(Stored(), desired_rows(both, Stored(), NOW), history)
+    stored = _fold(stored, desired_rows(_snapshot({1: None}, {"t": (_part("t", 0, (1, 2), isr=(1,)),
+                                                                    _part("t", 1, (2, 1), isr=(1,)))}),
+                                        stored, NOW), history)
+    back = desired_rows(both, stored, NOW)
+    assert [(e["event_type"], e["node_id"]) for e in back.topology_events] == [("NODE_JOINED", "2")]
+    assert sorted((r["node_id"], r["partition_id"], r["state"]) for r in back.partition_reports) == [
+        ("2", 0, "OWNING"), ("2", 1, "OWNING")], "broker 2's copies are as they were before it left, and reported again: the map dropped them"

@@ -34,6 +34,7 @@ from tests.kafka.live import (
     warehouse,
 )
 
+UNCLEAN_ELECTION = 1  # ElectionType.UNCLEAN of the ElectLeaders request
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(missing_tools() is not None, reason=str(missing_tools()))]
 
 
@@ -283,3 +284,64 @@ def test_a_broker_killed_during_an_execution_is_planned_around_and_the_execution
         after = describe(cluster, ["payments"])["payments"]
         assert all(sorted(s["replicas"]) == [1, 2] and sorted(s["isr"]) == [1, 2] for s in after.values()), after
         assert records(cluster, "payments") == before
+
+
+def test_an_unclean_election_after_a_loss_moves_the_counter_back_and_the_loss_stays_until_reset(
+        spark: Any, tmp_path: Path) -> None:
+    from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+
+    from tests.kafka.live import admin
+
+    with _own(tmp_path, 3) as cluster:
+        client = admin(cluster)
+        client.create_topics([NewTopic("risky", replica_assignments={0: [1, 2]})])
+        client.close()
+        wait_until(lambda: describe(cluster, ["risky"])["risky"][0]["leader"] == 1, 30, "risky has its leader")
+        produce(cluster, "risky", 100)
+        wh, settings = _adopt(spark, cluster, tmp_path)
+        cluster.kill(2)  # the follower first: broker 1 alone in the ISR
+        wait_fenced(cluster, 2)
+        wait_until(lambda: describe(cluster, ["risky"])["risky"][0]["isr"] == [1], 30, "ISR shrunk to broker 1")
+        produce(cluster, "risky", 100)  # acknowledged by broker 1 alone
+        collect_cluster(wh, settings, cluster.bootstrap)
+        run_exchange(spark, wh, settings)
+        cluster.kill(1)  # every in-sync replica is gone
+        wait_fenced(cluster, 1)
+        collect_cluster(wh, settings, cluster.bootstrap)
+        (lost,) = run_exchange(spark, wh, settings)
+        assert lost.lost_partitions == 1
+        cluster.restart(2)  # out of sync: Kafka elects it only uncleanly
+        client = admin(cluster)
+        client.alter_configs([ConfigResource(ConfigResourceType.TOPIC, "risky",
+                                             configs={"unclean.leader.election.enable": "true"})])
+        client.close()
+
+        def elected() -> bool:
+            c = admin(cluster)
+            try:
+                c.elect_leaders(UNCLEAN_ELECTION, {"risky": [0]}, raise_errors=False)
+            finally:
+                c.close()
+            return bool(describe(cluster, ["risky"])["risky"][0]["leader"] == 2)
+
+        wait_until(elected, 60, "unclean election of 2")
+        collect_cluster(wh, settings, cluster.bootstrap)
+        run_exchange(spark, wh, settings)
+        version = latest_version(wh)
+        assert version is not None
+        newest = {}
+        for r in sorted(wh.read_arrow("partition_reports").to_pylist(), key=lambda r: r["report_seq"]):
+            if r["group_name"] == "risky":
+                newest[r["node_id"]] = r["update_counter"]
+        assert newest == {"1": 200, "2": 100}, "broker 2 came back with 100 records: acknowledged writes are gone"
+        still = wh.read_arrow("lost_partitions", where=version_where(version)).to_pylist()
+        assert [r["group_name"] for r in still] == ["risky"], "lost stays lost until it is reset"
+        append_event(spark, wh, "RESET_LOST_PARTITIONS", group_name="risky")
+        run_exchange(spark, wh, settings)
+        version = latest_version(wh)
+        assert version is not None
+        assert wh.read_arrow("lost_partitions", where=version_where(version)).num_rows == 0
+        owned = [(r["node_id"], r["update_counter"]) for r in
+                 wh.read_arrow("partition_map", where=version_where(version)).to_pylist() if r["state"] == "OWNING"]
+        assert owned == [("2", 100)], "reset: the surviving copy owns, its counter 100 where the map held 200"
+        assert len(records(cluster, "risky")) == 100
