@@ -166,4 +166,4 @@ def test_a_broker_that_rejoins_reports_every_copy_it_holds_even_unchanged() -> N
     back = desired_rows(both, stored, NOW)
     assert [(e["event_type"], e["node_id"]) for e in back.topology_events] == [("NODE_JOINED", "2")]
     assert sorted((r["node_id"], r["partition_id"], r["state"]) for r in back.partition_reports) == [
-        ("2", 0, "OWNING"), ("2", 1, "OWNING")], "broker 2's copies are as they were before it left, and reported again: the map dropped them"
+        ("2", 0, "OWNING"), ("2", 1, "OWNING")], "unchanged since it left, reported again: the map dropped them"
