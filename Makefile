@@ -46,9 +46,12 @@ interop-slow: $(STAMP)
 
 # A real Apache Kafka 4.4 cluster (KRaft, loopback; the jars from Maven Central into .cache/kafka) collected, planned
 # and driven by rebalancer (docs/KAFKA.md; needs java and mvn). CI runs it; `make test` runs the pure Kafka tests.
-# One test at a time: each scenario starts its own brokers, and several clusters at once overload 2 cores.
+# One test at a time: each scenario starts its own brokers, and several clusters at once overload 2 cores. Then the
+# adoption and a broker's failure once more on delta-spark (the collector's extra column, adoption's raw read).
 kafka-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow tests/kafka --durations=10
+	REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q -m slow tests/kafka/test_kafka_live.py \
+		-k "adopted_as_it_is or killed_for_good" --durations=5
 
 # The delta-spark engine, for real (CI runs it after `make test`): the storage contract, the exchange scenarios with
 # their exact tables, the crash points and the concurrency tests once more with the Delta jars in the suite's

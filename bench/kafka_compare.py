@@ -216,7 +216,13 @@ def proposed(generated: str) -> dict[str, Any]:
 
 def run_kafka_tool(cluster: KafkaCluster, topics: list[str], alive: list[int], throttle: int, folder: Path,
                    sampler: Sampler) -> dict[str, Any]:
-    """--generate over the alive brokers, --execute with --throttle, --verify until complete."""
+    """--generate over the alive brokers, --execute with --throttle, --verify until complete.
+
+    When ``--execute --throttle`` fails (a dead broker among the current replicas: the tool sends the throttle rate
+    to it too and times out before submitting anything), that failure and its duration are recorded, the same
+    throttles are set by hand on the live brokers (:func:`set_throttles_by_hand`) and the plan is executed without
+    ``--throttle``; the time to finish counts from there.
+    """
     to_move = folder / "topics-to-move.json"
     to_move.write_text(json.dumps({"version": 1, "topics": [{"topic": t} for t in topics]}))
     started = time.monotonic()
@@ -225,7 +231,7 @@ def run_kafka_tool(cluster: KafkaCluster, topics: list[str], alive: list[int], t
     generate_s = time.monotonic() - started
     reassignment = folder / "reassignment.json"
     reassignment.write_text(json.dumps(plan))
-    figures: dict[str, Any] = {"generate_s": round(generate_s, 1)}
+    figures: dict[str, Any] = {"generate_s": round(generate_s, 1), "throttle": "`--execute --throttle`"}
     started = time.monotonic()
     try:
         tool(cluster, "--reassignment-json-file", str(reassignment), "--execute", "--throttle", str(throttle))
@@ -235,8 +241,13 @@ def run_kafka_tool(cluster: KafkaCluster, topics: list[str], alive: list[int], t
         # client times out waiting for that node. An operator then sets the same throttles by hand, with Kafka's
         # own ConfigCommand, on the live brokers only, and executes without --throttle.
         failure = next((line for line in str(error).splitlines() if line.startswith("Error:")), str(error)[:300])
-        figures.update({"execute_with_throttle": f"failed after {time.monotonic() - started:.0f} s: {failure}",
-                        "submitted_by_failed_execute": len(admin_reassignments(cluster))})
+        failed_s = time.monotonic() - started
+        submitted = len(admin_reassignments(cluster))
+        figures.update({"execute_with_throttle": f"failed after {failed_s:.0f} s: {failure}",
+                        "submitted_by_failed_execute": submitted,
+                        "throttle": f"`--execute --throttle` failed after {failed_s:.0f} s "
+                                    f"({failure.split(':')[1].split('.')[-1].strip()}, {submitted} submitted); "
+                                    f"set by hand with ConfigCommand on the live brokers, then `--execute`"})
         started = time.monotonic()
         set_throttles_by_hand(cluster, plan, alive, throttle)
         tool(cluster, "--reassignment-json-file", str(reassignment), "--execute")
@@ -429,6 +440,8 @@ def markdown(result: dict[str, Any]) -> str:
                                                    f"{f['replicas_per_broker']['mean']:g}"),
         ("leaders per broker max / mean", lambda f: f"{f['leaders_per_broker']['max']} / "
                                                   f"{f['leaders_per_broker']['mean']:g}"),
+        ("partitions reassigned", lambda f: f.get("planned_partitions", f.get("partitions_in_reassignment"))),
+        ("throttle", lambda f: f.get("throttle", "`kafka.throttle_bytes_per_s`")),
         ("planning, s", lambda f: f.get("plan_s", f.get("generate_s"))),
         ("time to finish (the tool's run), s", lambda f: f["finished_s"]),
         ("data moved (assignment final, nothing in flight), s", lambda f: f["data_moved_s"]),

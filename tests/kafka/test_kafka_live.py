@@ -101,6 +101,30 @@ def test_dry_run_prints_the_reassignment_json_kafka_reads(spark: Any, steady: Ka
     assert planned_moves(wh).as_reassignment_json() == {"version": 1, "partitions": []}
 
 
+def test_what_if_names_the_copies_each_broker_would_cost_and_explain_reads_a_collected_partition(
+        spark: Any, steady: KafkaCluster, tmp_path: Path) -> None:
+    from rebalancer.explain import describe as describe_answer
+    from rebalancer.explain import explain
+    from rebalancer.what_if import what_if
+
+    create_topics(steady, {"whatif-pairs": (12, 2)})
+    wh, settings = _adopt(spark, steady, tmp_path)
+    run = what_if(spark, wh, settings, sweeps=["nodes"])
+    by_broker = {r["label"]: r for r in run.rows.to_pylist()}
+    kafka = describe(steady)
+    for broker in (1, 2, 3):
+        # a partition of 2 replicas that loses one gets a copy on the third broker (the only rack left);
+        # one of 3 replicas on 3 brokers cannot be re-created anywhere
+        expected = sum(broker in s["replicas"] for parts in kafka.values() for s in parts.values()
+                       if len(s["replicas"]) == 2)
+        row = by_broker[f"node {broker}"]
+        assert (row["copies"], row["lost_partitions"]) == (expected, 0), (broker, row)
+    answer = explain(wh, settings, "whatif-pairs", 3)
+    lines = describe_answer(answer)
+    replicas = kafka["whatif-pairs"][3]["replicas"]
+    assert any(f"{replicas[0]}" in line and "OWNING" in line for line in lines), lines
+
+
 # ---------------------------------------------------------------- bad input
 
 
