@@ -33,3 +33,6 @@ def test_walkthrough_notebook_runs_and_ends_stable(tmp_path: Path, monkeypatch: 
     assert any("waited for: " in o.get("text", "") for o in explained.outputs), explained.outputs
     plots = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert plots, "the plots cell drew nothing"
+
+    kafka = next(c for c in nb.cells if c.cell_type == "code" and "drive_kafka(" in c.source)
+    assert any("skipped: no Kafka cluster named" in o.get("text", "") for o in kafka.outputs), kafka.outputs

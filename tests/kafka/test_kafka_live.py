@@ -369,3 +369,27 @@ def test_an_unclean_election_after_a_loss_moves_the_counter_back_and_the_loss_st
                  wh.read_arrow("partition_map", where=version_where(version)).to_pylist() if r["state"] == "OWNING"]
         assert owned == [("2", 100)], "reset: the surviving copy owns, its counter 100 where the map held 200"
         assert len(records(cluster, "risky")) == 100
+
+
+def test_the_walkthrough_notebooks_kafka_section_adopts_and_drives_a_reachable_cluster(
+        steady: KafkaCluster, tmp_path: Path, monkeypatch: Any) -> None:
+    import os
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    from tests.test_notebook import NOTEBOOK
+
+    create_topics(steady, {"notebook": (6, 2)})
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    monkeypatch.setenv("REBALANCER_WAREHOUSE", str(tmp_path / "w"))
+    monkeypatch.setenv("REBALANCER_KAFKA_BOOTSTRAP", steady.bootstrap)
+    for name, value in (("NODES", "4"), ("GROUPS", "1"), ("PARTITIONS", "16"), ("BACKUPS", "1")):
+        monkeypatch.setenv(f"WALKTHROUGH_{name}", value)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(NOTEBOOK.parent.parent),
+                                                                   os.environ.get("PYTHONPATH")])))
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    kafka = next(c for c in nb.cells if c.cell_type == "code" and "drive_kafka(" in c.source)
+    text = "".join(o.get("text", "") for o in kafka.outputs)
+    assert "adopted: [(" in text and ", 0)]" in text, text
+    assert "kafka rounds: 1, stable: True" in text, text
