@@ -509,6 +509,8 @@ class _Run:
         self._reports: Reports | None = None
         self._nodes = {r["node_id"]: r for r in inputs.nodes.to_pylist()}
         self._groups = {r["group_name"]: r for r in inputs.groups.to_pylist()}
+        # the placements of the step being decided: computed once, by whichever of scope and kernel asks first
+        self._placed: tuple[ExchangeStep, tuple[dict[str, Any], dict[str, Any]]] | None = None
 
     def release(self) -> None:
         if self._reports is not None:
@@ -688,6 +690,7 @@ class _Run:
         changed_settings = self._groups_changed(prev, step.groups & before.groups)
         full |= changed_settings
         full |= self._balanced_moved(before, step, servers_before != servers_now, changed_settings)
+        keys: set[tuple[str, int]] = self._placement_changed(step, prev, full)
         for g in step.groups & before.groups:
             settings = self._groups[g]
             replicated = (settings["mode"] or "PARTITIONED") == REPLICATED
@@ -696,7 +699,6 @@ class _Run:
             backups = int(settings["backups"])
             if min(backups + 1, len(servers_before)) != min(backups + 1, len(servers_now)):
                 full.add(g)
-        keys: set[tuple[str, int]] = set()
         where = version_where(prev.version)
         for name in ("migration_plan", "lost_partitions", "counter_conflicts"):
             t = self.warehouse.read_arrow(name, where=where).select(list(PARTITION_KEY))
@@ -765,8 +767,47 @@ class _Run:
             return balanced
         return set()
 
+    def _placement_changed(self, step: ExchangeStep, prev: Committed, full: set[str]) -> set[tuple[str, int]]:
+        """The partitions of carried balanced groups whose placement is not the previous ideal list. A placement
+        ``balanced`` made is its own continuation when the servers stay, so this is empty for it; a placement
+        adopted from a live cluster's reports (``_adopted``) need not be: where it is skewed, the first exchange
+        after it evens it, and every partition it moves is recomputed (carried rows keep the previous lists)."""
+        carried = sorted(g for g in step.groups & prev.state.groups
+                         if g not in full and self._groups[g]["affinity"] == BALANCED)
+        if not carried:
+            return set()
+        groups = self.group_settings(step, prev)
+        alive = self.node_set(step.alive)
+        placed, _ = self._placements(step, prev, groups, alive)
+        rows = self.warehouse.read_arrow("ideal_assignment", where=version_where(prev.version))
+        rows = rows.filter(pc.is_in(rows.column("group_name"), pa.array(carried, pa.string())))
+        before = previous_placement(rows)
+        where = {n: i for i, n in enumerate(alive.node_ids)}
+        to_alive = np.array([where.get(n, -1) for n in before.node_ids] + [-1], dtype=np.int32)
+        changed: set[tuple[str, int]] = set()
+        for g in carried:
+            now, then = placed.get(g), before.matrices.get(g)
+            if now is None or then is None:
+                continue
+            width = max(now.shape[1], then.shape[1])
+            old = np.full((now.shape[0], width), -1, dtype=np.int32)
+            k = min(now.shape[0], then.shape[0])
+            old[:k, : then.shape[1]] = to_alive[np.where(then[:k] >= 0, then[:k], len(before.node_ids))]
+            old = np.take_along_axis(old, np.argsort(old < 0, axis=1, kind="stable"), axis=1)
+            new = np.full_like(old, -1)
+            new[:, : now.shape[1]] = np.take_along_axis(now, np.argsort(now < 0, axis=1, kind="stable"), axis=1)
+            changed |= {(g, int(p)) for p in np.flatnonzero((old != new).any(axis=1))}
+        return changed
+
     def _placements(self, step: ExchangeStep, prev: Committed | None, groups: Mapping[str, GroupSettings],
                     alive: NodeSet) -> tuple[dict[str, Any], dict[str, Any]]:
+        if self._placed is not None and self._placed[0] is step:
+            return self._placed[1]
+        self._placed = (step, self._place(step, prev, groups, alive))
+        return self._placed[1]
+
+    def _place(self, step: ExchangeStep, prev: Committed | None, groups: Mapping[str, GroupSettings],
+               alive: NodeSet) -> tuple[dict[str, Any], dict[str, Any]]:
         """Replica matrices (indexes into ``alive``) decided on the driver instead of in the kernel: balanced groups
         (placed together), and every group whose candidates are not the alive servers - draining nodes leave the
         placement while they still serve, and persistent groups are placed over the baseline, where an offline node

@@ -86,3 +86,53 @@ def test_balanced_groups_follow_the_client_through_a_failure(spark: Any, tmp_pat
 def test_a_balanced_group_cannot_be_placed_on_its_own() -> None:
     with pytest.raises(InvalidGroupSettingsError, match="assign_balanced"):
         assign(["n1", "n2", "n3"], 8, 1, affinity="balanced")
+
+
+# ---------------------------------------------------------------- adopting a collected cluster (docs/KAFKA.md)
+
+
+def _collected(c: Cluster, lists: dict[int, list[str]]) -> None:
+    """Reports as a collector of a live cluster writes them: one OWNING copy per listed node, with its place in the
+    cluster's own replica list in the extra ``replica_index`` column."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from rebalancer.tables import COLLECTED_COLUMNS, PARTITION_REPORTS, REPLICA_INDEX
+
+    c.warehouse.add_columns("partition_reports", COLLECTED_COLUMNS["partition_reports"])
+    rows = [{"node_id": n, "group_name": "k", "partition_id": p, "state": "OWNING", "update_counter": 7, "size": 7,
+             "bytes": 70, "wal_history_counter": None, "report_seq": 1, REPLICA_INDEX: i}
+            for p, nodes in lists.items() for i, n in enumerate(nodes)]
+    schema = to_arrow_schema(PARTITION_REPORTS, timezone="UTC").append(pa.field(REPLICA_INDEX, pa.int32()))
+    c.warehouse.append_arrow("partition_reports", pa.Table.from_pylist(rows, schema=schema))
+
+
+@pytest.mark.parametrize("path", ["driver", "spark"])
+def test_a_collected_cluster_is_adopted_as_it_is_and_a_skew_is_evened_by_the_next_exchange(
+        spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    from rebalancer import pipeline
+
+    if path == "spark":
+        for threshold in ("DRIVER_KERNEL_REPLICAS", "DRIVER_COPIES", "DRIVER_RANKINGS", "KEYS_AS_LITERALS"):
+            monkeypatch.setattr(pipeline, threshold, 0)
+    c = Cluster.create(spark, tmp_path / "w")
+    c.group("k", 12, 1, affinity="balanced")
+    c.join("1", "2", "3")
+    # skewed as a cluster may be: every partition on brokers 1 and 2, broker 3 empty; primaries by Kafka's order
+    skewed = {p: (["1", "2"] if p % 2 else ["2", "1"]) for p in range(12)}
+    _collected(c, skewed)
+    [adopted] = c.exchange()
+    v1 = (adopted.topology_major, adopted.topology_minor)
+    assert adopted.migrations == 0, "the first exchange adopts the cluster as it is"
+    assert _ideal(c, v1)["k"] == [skewed[p] for p in range(12)]
+    c.event("BASELINE_CHANGED")  # an operator's explicit "place over these servers again"
+    [evened] = c.exchange()
+    v2 = (evened.topology_major, evened.topology_minor)
+    after = _ideal(c, v2)["k"]
+    replicas = Counter(n for row in after for n in row)
+    assert replicas == {"1": 8, "2": 8, "3": 8}, replicas
+    moved = {p for p, row in enumerate(after) if set(row) != set(skewed[p])}
+    assert len(moved) == 8 and all("3" in after[p] for p in moved), "only moves onto the empty broker"
+    copies = {(p, t) for _, p, a, t in c.rows("migration_plan", v2, "group_name", "partition_id", "action",
+                                              "target_node") if a == "COPY"}
+    assert copies == {(p, "3") for p in moved}

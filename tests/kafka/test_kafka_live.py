@@ -260,6 +260,31 @@ def test_a_drained_broker_is_emptied_while_it_serves_and_its_shutdown_plans_noth
         assert records(cluster, "logs") == before
 
 
+def test_a_skewed_cluster_is_adopted_as_it_is_and_evened_when_the_operator_asks(spark: Any, tmp_path: Path) -> None:
+    from kafka.admin import NewTopic
+
+    from tests.kafka.live import admin
+
+    with _own(tmp_path, 3) as cluster:
+        client = admin(cluster)  # every replica on brokers 1 and 2: broker 3 holds nothing
+        client.create_topics([NewTopic("skewed", replica_assignments={p: [1, 2] if p % 2 else [2, 1]
+                                                                      for p in range(12)})])
+        client.close()
+        wait_until(lambda: all(s["leader"] >= 0 for s in describe(cluster, ["skewed"])["skewed"].values()), 30,
+                   "skewed has leaders")
+        produce(cluster, "skewed", 600)
+        before = records(cluster, "skewed")
+        wh, settings = _adopt(spark, cluster, tmp_path)  # adopted as it is: no step
+        append_event(spark, wh, "BASELINE_CHANGED")
+        rounds = run(spark, wh, settings, cluster.bootstrap, until_stable=True)
+        assert rounds[-1].stable
+        after = describe(cluster, ["skewed"])["skewed"]
+        held = {b: sum(b in s["replicas"] for s in after.values()) for b in (1, 2, 3)}
+        assert held == {1: 8, 2: 8, 3: 8}, held
+        assert all(set(s["replicas"]) <= {1, 2, 3} and len(s["replicas"]) == 2 for s in after.values())
+        assert records(cluster, "skewed") == before
+
+
 def test_a_partition_whose_every_in_sync_replica_died_is_lost(spark: Any, tmp_path: Path) -> None:
     with _own(tmp_path, 3) as cluster:
         create_topics(cluster, {"fragile": (6, 2)})
