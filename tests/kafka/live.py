@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -129,3 +131,40 @@ def plan_rows(wh: Warehouse, version: tuple[int, int]) -> list[dict[str, Any]]:
     from rebalancer.tables import version_where
 
     return wh.read_arrow("migration_plan", where=version_where(version)).to_pylist()
+
+
+class ReassignmentSampler:
+    """Asks Kafka for its reassignments in flight every 0.1 s while the ``with`` block runs, independently of the
+    executor: per sample, how many listed moves add or remove a replica on each broker."""
+
+    def __init__(self, cluster: KafkaCluster) -> None:
+        self.cluster = cluster
+        self.samples: list[Counter[int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        client = admin(self.cluster)
+        try:
+            while not self._stop.is_set():
+                try:
+                    listed = client.list_partition_reassignments()
+                except Exception:  # noqa: BLE001 - a broker may be moving under us; the next sample asks again
+                    listed = None
+                if listed is not None:
+                    self.samples.append(Counter(b for r in listed.values()
+                                                for b in {*r["adding_replicas"], *r["removing_replicas"]}))
+                self._stop.wait(0.1)
+        finally:
+            client.close()
+
+    def most_per_broker(self) -> int:
+        return max((max(c.values(), default=0) for c in self.samples), default=0)
+
+    def __enter__(self) -> ReassignmentSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)

@@ -23,6 +23,7 @@ from rebalancer.producers import append_event
 from rebalancer.tables import INPUT_TABLES, version_where
 from tests.kafka.cluster import KafkaCluster, missing_tools
 from tests.kafka.live import (
+    ReassignmentSampler,
     create_topics,
     describe,
     ideal_lists,
@@ -125,6 +126,24 @@ def test_what_if_names_the_copies_each_broker_would_cost_and_explain_reads_a_col
     assert any(f"{replicas[0]}" in line and "OWNING" in line for line in lines), lines
 
 
+def test_the_cli_collects_adopts_and_finds_the_cluster_stable(spark: Any, steady: KafkaCluster, tmp_path: Path,
+                                                              capsys: Any) -> None:
+    from tests.test_cli import run as cli
+
+    create_topics(steady, {"cli-topic": (3, 2)})
+    w = str(tmp_path / "w")
+    code, out, err = cli(capsys, "--warehouse", w, "kafka", "collect", "--bootstrap", steady.bootstrap)
+    assert code == 0, err
+    assert "3 brokers" in out and "appended 3 nodes" in out, out
+    code, out, err = cli(capsys, "--warehouse", w, "kafka", "collect", "--bootstrap", steady.bootstrap)
+    assert code == 0 and "appended nothing (unchanged)" in out, out
+    code, out, err = cli(capsys, "--warehouse", w, "kafka", "run", "--bootstrap", steady.bootstrap, "--until-stable")
+    assert code == 0, err
+    assert "stable: nothing left to move" in out, out
+    code, out, _ = cli(capsys, "--warehouse", w, "kafka", "execute", "--dry-run")
+    assert code == 0 and '"partitions": []' in out, out
+
+
 # ---------------------------------------------------------------- bad input
 
 
@@ -199,11 +218,14 @@ def test_a_broker_killed_for_good_has_exactly_its_replicas_recreated_elsewhere_i
                 isr_low[p] = min(isr_low.get(p, 9), len(s["isr"]))
 
         in_flight: list[dict[int, int]] = []
-        result, _ = execute_plan(wh, settings, cluster.bootstrap,
-                                 on_poll=lambda seen: (in_flight.append(dict(seen)), sample(seen)))
+        with ReassignmentSampler(cluster) as kafka_saw:
+            result, _ = execute_plan(wh, settings, cluster.bootstrap,
+                                     on_poll=lambda seen: (in_flight.append(dict(seen)), sample(seen)))
         assert result.finished + result.already_done == len(held)
         assert max((max(s.values(), default=0) for s in in_flight), default=0) <= 2, "the per-broker cap"
         assert result.max_in_flight_per_broker <= 2
+        assert kafka_saw.samples, "list_partition_reassignments was sampled during the execution"
+        assert kafka_saw.most_per_broker() <= 2, "Kafka itself never listed more than the cap on one broker"
         after = describe(cluster, ["orders"])["orders"]
         for p, s in after.items():
             assert 4 not in s["replicas"] and len(s["replicas"]) == 2, (p, s)
