@@ -467,7 +467,7 @@ def main() -> None:
     parser.add_argument("--replication", type=int, default=2)
     parser.add_argument("--records", type=int, default=4000, help="records per topic")
     parser.add_argument("--record-bytes", type=int, default=1024)
-    parser.add_argument("--throttle", type=int, default=524288, help="replication throttle, bytes per second")
+    parser.add_argument("--throttle", type=int, default=131072, help="replication throttle, bytes per second")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     args = parser.parse_args()
     reason = missing_tools()

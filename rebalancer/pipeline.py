@@ -819,11 +819,14 @@ class _Run:
         candidates = {name: by_kind[s.persistent] for name, s in groups.items()}
         out: dict[str, Any] = {}
         listed: dict[str, Any] = {}
+        placed_before: dict[str, int] = {}  # balanced group -> how many of its partitions the previous ideal placed
         for chosen in sorted(set(candidates.values()), key=sorted):
             members = {g: s for g, s in groups.items() if candidates[g] == chosen}
             nodes = alive if chosen == everyone else NodeSet.from_rows([self._nodes[n] for n in sorted(chosen)])
-            placed = _balanced_placements(members, nodes, self.settings.affinity.balanced_spread,
-                                          self._balanced_previous(prev, members))
+            previous = self._balanced_previous(prev, members)
+            if previous is not None:
+                placed_before.update((g, m.shape[0]) for g, m in previous.matrices.items())
+            placed = _balanced_placements(members, nodes, self.settings.affinity.balanced_spread, previous)
             if chosen != everyone:
                 for g, s in members.items():
                     if g not in placed:
@@ -834,18 +837,19 @@ class _Run:
                     listed.update((g, (tuple(nodes.node_ids), m)) for g, m in placed.items())
                 placed = {g: placed_onto(m, nodes.node_ids, alive.node_ids) for g, m in placed.items()}
             out.update(placed)
-        if prev is None:
-            out.update(self._adopted(out, groups, alive))
+        out.update(self._adopted(out, groups, alive, placed_before))
         return out, listed
 
-    def _adopted(self, placed: Mapping[str, Any], groups: Mapping[str, GroupSettings], alive: NodeSet
-                 ) -> dict[str, Any]:
-        """A collected cluster's own placement, which its first exchange adopts (docs/KAFKA.md "Adopting a running
-        cluster"): for each balanced group, every partition whose copies on alive nodes the reports place
-        (``replica_index``, the extra column collectors write; OWNING or MOVING copies, latest report per copy)
-        keeps those nodes in that order; the other partitions keep the placement decided from scratch. So the
-        first exchange plans nothing the cluster is not already doing, and later ones continue from it."""
-        names = [g for g, s in groups.items() if s.affinity == BALANCED and g in placed]
+    def _adopted(self, placed: Mapping[str, Any], groups: Mapping[str, GroupSettings], alive: NodeSet,
+                 placed_before: Mapping[str, int]) -> dict[str, Any]:
+        """A collected cluster's own placement, adopted where the engine has none yet (docs/KAFKA.md "Adopting a
+        running cluster"): for each balanced group, every partition beyond the previous ideal's (all of them on the
+        first exchange, of a group started since, and a group's added partitions) whose copies on alive nodes the
+        reports place (``replica_index``, the extra column collectors write; OWNING or MOVING copies, latest report
+        per copy) keeps those nodes in that order; the others keep the placement decided. So an exchange plans
+        nothing for partitions the cluster placed itself, and later ones continue from them."""
+        names = [g for g, s in groups.items() if s.affinity == BALANCED and g in placed
+                 and placed_before.get(g, 0) < s.partitions]
         raw = self.warehouse.read_raw("partition_reports") if names else None
         if raw is None or REPLICA_INDEX not in raw.columns:
             return {}
@@ -866,7 +870,7 @@ class _Run:
             matrix = adopted.get(group)
             if matrix is None:
                 matrix = adopted[group] = np.array(placed[group], copy=True)
-            if 0 <= pid < matrix.shape[0]:
+            if placed_before.get(group, 0) <= pid < matrix.shape[0]:
                 nodes = [i for _, i in sorted(copies)][: matrix.shape[1]]
                 matrix[pid] = nodes + [-1] * (matrix.shape[1] - len(nodes))
         return adopted

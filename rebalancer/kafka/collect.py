@@ -21,9 +21,9 @@ Contract:
       - brokers that registered since the last collect are NODE_JOINED, brokers gone are NODE_FAILED (NODE_LEFT
         when they were draining: a crash and a controlled shutdown look the same afterwards), new topics are
         CACHE_STARTED (not on the first collect: a fresh cluster starts every group), deleted topics CACHE_STOPPED.
-    - :func:`collect` reads the cluster and the warehouse and appends what changed, nodes and groups before events
-      before reports (a collect killed between two appends is finished by the next one). A collect of an
-      unchanged cluster appends nothing.
+    - :func:`collect` reads the cluster and the warehouse and writes what changed, nodes and groups (one row per
+      broker and topic, replaced when it changes) before events before reports (appended); a collect killed between
+      two commits is finished by the next one. A collect of an unchanged cluster writes nothing.
     - A broker without a rack in a cluster whose other brokers have one is refused with one sentence, before
       anything is written (Kafka refuses rack-aware placement there too).
 """
@@ -60,6 +60,9 @@ __all__ = ["CollectError", "CollectResult", "Collected", "Stored", "collect", "d
            "record", "stored_of"]
 
 ZONE = "zone"
+# Tables whose row for a broker or topic is replaced when it changes (a broker's listener or rack, a topic's
+# partitions or replication factor), on their key; events and reports are appended.
+_UPSERTED = {"nodes": "node_id", "cache_groups": "group_name"}
 _REPORT_FIELDS = ("state", "update_counter", "size", "bytes", "wal_history_counter", "replica_index")
 
 
@@ -304,6 +307,10 @@ def record(warehouse: Warehouse, snapshot: ClusterSnapshot, now: datetime | None
         if extra:
             warehouse.add_columns(name, extra)
         schema = to_arrow_schema(StructType([*INPUT_TABLES[name].fields, *extra]), timezone="UTC")
-        warehouse.append_arrow(name, pa.Table.from_pylist(batch, schema=schema))
+        table = pa.Table.from_pylist(batch, schema=schema)
+        if name in _UPSERTED:  # one row per broker or topic, kept current
+            warehouse.merge_arrow(name, table, [_UPSERTED[name]])
+        else:
+            warehouse.append_arrow(name, table)
     return CollectResult(snapshot.cluster_id, len(snapshot.brokers), len(snapshot.topics),
                          sum(len(p) for p in snapshot.topics.values()), appended)

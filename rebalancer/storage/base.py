@@ -938,6 +938,12 @@ class Warehouse(abc.ABC):
         """
         self.merge(name, self._frame(rows, name), keys, insert_only=True)
 
+    def merge_arrow(self, name: str, rows: pa.Table, keys: Sequence[str]) -> None:
+        """:meth:`merge` (an upsert on ``keys``) for rows already on the driver: what a collector does to keep the
+        ``nodes`` and ``cache_groups`` rows of a live cluster current (an appended second row for a key would be
+        rejected: the row committed first stands)."""
+        self.merge(name, self._frame(rows, name), keys)
+
     def _frame(self, rows: pa.Table, name: str) -> DataFrame:
         """Driver rows as a DataFrame of the table's declared schema. An empty Arrow table may hold no chunk at all
         (delta-rs reads give such tables), which pyspark's Arrow conversion refuses: it gets an empty frame."""

@@ -96,6 +96,34 @@ def test_a_healthy_cluster_is_adopted_as_it_is_and_a_second_collect_writes_nothi
     assert sum(counters.values()) == 600, "each partition's counter is its high watermark"
 
 
+def test_topics_created_and_grown_while_watched_are_adopted_too_and_nothing_is_rejected(
+        spark: Any, steady: KafkaCluster, tmp_path: Path) -> None:
+    from kafka.admin import NewPartitions
+
+    from tests.kafka.live import admin
+
+    create_topics(steady, {"grown-first": (4, 2)})
+    wh, settings = _adopt(spark, steady, tmp_path)
+    create_topics(steady, {"grown-later": (6, 2)})
+    client = admin(steady)
+    client.create_partitions({"grown-first": NewPartitions(total_count=8)})
+    client.close()
+    wait_until(lambda: len(describe(steady, ["grown-first"])["grown-first"]) == 8, 30, "grown-first has 8 partitions")
+    collect_cluster(wh, settings, steady.bootstrap)
+    summaries = run_exchange(spark, wh, settings)
+    assert summaries and all(s.migrations == 0 for s in summaries), [(s.exchange_type, s.migrations)
+                                                                       for s in summaries]
+    version = latest_version(wh)
+    assert version is not None
+    kafka = describe(steady, ["grown-first", "grown-later"])
+    theirs = {(t, p): s["replicas"] for t, parts in kafka.items() for p, s in parts.items()}
+    ours = ideal_lists(wh, version)
+    assert {k: ours.get(k) for k in theirs} == theirs, "new topics and partitions keep the placement Kafka gave"
+    rows = [r["partitions"] for r in wh.read_arrow("cache_groups").to_pylist() if r["group_name"] == "grown-first"]
+    assert rows == [8], "the topic's row is replaced, not appended beside the old one"
+    assert wh.read_arrow("rejected_rows").num_rows == 0
+
+
 def test_dry_run_prints_the_reassignment_json_kafka_reads(spark: Any, steady: KafkaCluster, tmp_path: Path) -> None:
     create_topics(steady, {"dry-run": (4, 2)})
     wh, settings = _adopt(spark, steady, tmp_path)
