@@ -850,21 +850,14 @@ class _Run:
         nothing for partitions the cluster placed itself, and later ones continue from them."""
         names = [g for g, s in groups.items() if s.affinity == BALANCED and g in placed
                  and placed_before.get(g, 0) < s.partitions]
-        raw = self.warehouse.read_raw("partition_reports") if names else None
-        if raw is None or REPLICA_INDEX not in raw.columns:
+        if not names or REPLICA_INDEX not in self.warehouse.read_raw("partition_reports").columns:
             return {}
-        rows = raw.where(F.col("group_name").isin(names)).select(
-            *PARTITION_KEY, "node_id", "state", "report_seq", REPLICA_INDEX).toArrow().to_pylist()
-        latest: dict[tuple[str, int, str], dict[str, Any]] = {}
-        for r in rows:
-            key = (r["group_name"], r["partition_id"], r["node_id"])
-            if key not in latest or (r["report_seq"] or 0) >= (latest[key]["report_seq"] or 0):
-                latest[key] = r
         where = {n: i for i, n in enumerate(alive.node_ids)}
         lists: dict[tuple[str, int], list[tuple[int, int]]] = {}
-        for (group, pid, node), r in latest.items():
-            if r[REPLICA_INDEX] is not None and r["state"] in (OWNING, MOVING) and node in where:
-                lists.setdefault((group, pid), []).append((r[REPLICA_INDEX], where[node]))
+        for r in self.warehouse.latest_reports(names).to_pylist():
+            if r[REPLICA_INDEX] is not None and r["state"] in (OWNING, MOVING) and r["node_id"] in where:
+                lists.setdefault((r["group_name"], r["partition_id"]), []).append(
+                    (r[REPLICA_INDEX], where[r["node_id"]]))
         adopted: dict[str, Any] = {}
         for (group, pid), copies in sorted(lists.items()):
             matrix = adopted.get(group)

@@ -56,14 +56,14 @@ from rebalancer.vocabulary import (
     RENTING,
 )
 
-__all__ = ["CollectError", "CollectResult", "Collected", "Stored", "collect", "desired_rows", "read_stored",
-           "record", "stored_of"]
+__all__ = ["CollectError", "CollectResult", "Collected", "Stored", "collect", "desired_rows", "read_stored", "record",
+           "stored_of"]
 
 ZONE = "zone"
 # Tables whose row for a broker or topic is replaced when it changes (a broker's listener or rack, a topic's
 # partitions or replication factor), on their key; events and reports are appended.
 _UPSERTED = {"nodes": "node_id", "cache_groups": "group_name"}
-_REPORT_FIELDS = ("state", "update_counter", "size", "bytes", "wal_history_counter", "replica_index")
+_REPORT_FIELDS = ("state", "update_counter", "size", "bytes", "wal_history_counter", REPLICA_INDEX)
 
 
 class CollectError(ValueError):
@@ -200,7 +200,7 @@ def _report_rows(snapshot: ClusterSnapshot, stored: Stored, alive: frozenset[str
                        "update_counter": counter, "size": max(counter - start, 0),
                        "bytes": snapshot.replica_bytes.get((topic, p.partition, broker), 0),
                        "wal_history_counter": start,
-                       "replica_index": target.index(broker) if broker in target else None}
+                       REPLICA_INDEX: target.index(broker) if broker in target else None}
                 # a broker that (re)joined describes every copy it holds, changed or not: its copies left the map
                 # when it left, and the exchange knows of them only from a report newer than that
                 if node not in stored.alive or _differs(stored.reports.get((node, topic, p.partition)), row,
@@ -211,7 +211,7 @@ def _report_rows(snapshot: ClusterSnapshot, stored: Stored, alive: frozenset[str
             continue
         rows.append({"node_id": node, "group_name": topic, "partition_id": pid, "state": EVICTED,
                      "update_counter": last["update_counter"], "size": 0, "bytes": 0, "wal_history_counter": None,
-                     "replica_index": None, "report_seq": seq})
+                     REPLICA_INDEX: None, "report_seq": seq})
     return rows
 
 
@@ -269,13 +269,11 @@ def stored_of(nodes: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, 
 
 
 def read_stored(warehouse: Warehouse) -> Stored:
-    """:func:`stored_of` the warehouse's input tables as they are now (creating the missing ones)."""
+    """:func:`stored_of` the warehouse's input tables as they are now (creating the missing ones). The reports are
+    reduced to the latest per copy in Spark (one job): the table keeps every collect's changes."""
     warehouse.create_tables(list(INPUT_TABLES))
-    reports = warehouse.read_raw("partition_reports")
-    columns = [*INPUT_TABLES["partition_reports"].names, *([REPLICA_INDEX] if REPLICA_INDEX in reports.columns else [])]
     return stored_of(warehouse.read_arrow("nodes").to_pylist(), warehouse.read_arrow("cache_groups").to_pylist(),
-                     warehouse.read_arrow("topology_events").to_pylist(),
-                     reports.select(*columns).toArrow().to_pylist())
+                     warehouse.read_arrow("topology_events").to_pylist(), warehouse.latest_reports().to_pylist())
 
 
 def collect(warehouse: Warehouse, bootstrap: str, *, timeout_s: float = 15.0, include_internal: bool = True,

@@ -5,7 +5,8 @@ Contract (docs/KAFKA.md):
       reads, no Spark job) and turns them into one Kafka reassignment per partition that has steps.
     - :func:`execute_plan` applies them (:func:`rebalancer.kafka.execute.execute`: waves under
       ``[migration] max_parallel_per_node``, throttled when ``[kafka] throttle_bytes_per_s`` is set) and writes the
-      progress back as reports: a collect after every poll in which a move finished, and one at the end. It keeps
+      progress back as reports: a collect when moves finished (at most every :data:`PROGRESS_EVERY_S`), and one at
+      the end. It keeps
       no state of its own: a re-run after a kill finds the moves in flight on the cluster and the plan in Delta.
     - :func:`run` is collect -> exchange -> execute, once or (``until_stable``) until a round finds nothing left to
       move, at most ``[kafka] until_stable_rounds`` rounds.
@@ -24,7 +25,7 @@ from rebalancer.config import Settings
 from rebalancer.inputs import latest_version
 from rebalancer.kafka.admin import ClusterSnapshot, read_cluster
 from rebalancer.kafka.collect import CollectResult, record
-from rebalancer.kafka.execute import ExecuteResult, Move, dry_run_json, execute, moves_of
+from rebalancer.kafka.execute import ExecuteResult, Move, dry_run_json, execute, ideal_lists, moves_of
 from rebalancer.pipeline import ExchangeSummary, run_exchange
 from rebalancer.storage import Warehouse
 from rebalancer.tables import version_where
@@ -57,15 +58,26 @@ class Round:
         return self.executed is None or (self.executed.submitted == 0 and self.executed.resumed == 0)
 
 
+# Progress is collected when moves finish, at most this often (each collect is a few admin requests and a Spark
+# job), and always once at the end of an execution.
+PROGRESS_EVERY_S = 5.0
+
+
 @dataclass
 class _Progress:
     warehouse: Warehouse
     bootstrap: str
     settings: Settings
     collects: list[CollectResult] = field(default_factory=list)
+    last: float = 0.0
 
     def __call__(self, _finished: list[Move]) -> None:
+        if time.monotonic() - self.last >= PROGRESS_EVERY_S:
+            self.final()
+
+    def final(self) -> None:
         self.collects.append(collect_cluster(self.warehouse, self.settings, self.bootstrap))
+        self.last = time.monotonic()
 
 
 def _bootstrap(settings: Settings, bootstrap: str | None) -> str:
@@ -97,12 +109,7 @@ def planned_moves(warehouse: Warehouse) -> PlannedMoves:
     where = version_where(version)
     plan = warehouse.read_arrow("migration_plan", where=where)
     ideal = warehouse.read_arrow("ideal_assignment", where=where)
-    lists: dict[tuple[str, int], list[tuple[int, int]]] = {}
-    for r in ideal.select(["group_name", "partition_id", "replica_index", "node_id"]).to_pylist():
-        if str(r["node_id"]).isdigit():
-            lists.setdefault((r["group_name"], r["partition_id"]), []).append((r["replica_index"], int(r["node_id"])))
-    return PlannedMoves(version, moves_of(plan, ideal),
-                        {key: tuple(b for _, b in sorted(nodes)) for key, nodes in lists.items()})
+    return PlannedMoves(version, moves_of(plan, ideal), ideal_lists(ideal))
 
 
 def execute_plan(warehouse: Warehouse, settings: Settings, bootstrap: str | None = None,
@@ -126,7 +133,7 @@ def execute_plan(warehouse: Warehouse, settings: Settings, bootstrap: str | None
                      timeout_s=k.execute_timeout_s, client_timeout_s=k.client_timeout_s, on_done=progress,
                      on_poll=on_poll, plan_version=planned.version, ideal=planned.ideal)
     if planned.moves or result.submitted:
-        progress([])
+        progress.final()
     return result, len(progress.collects)
 
 

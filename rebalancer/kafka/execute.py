@@ -124,6 +124,19 @@ def _unique(values: Iterable[int]) -> tuple[int, ...]:
     return tuple(dict.fromkeys(values))
 
 
+def ideal_lists(ideal: pa.Table) -> dict[tuple[str, int], tuple[int, ...]]:
+    """Every partition's ideal list as broker ids, primary first, from ``ideal_assignment`` rows of one version.
+
+    Raises:
+        ExecuteError: a node id is not a broker id (the warehouse was not collected from Kafka).
+    """
+    lists: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+    for row in ideal.select(["group_name", "partition_id", "replica_index", "node_id"]).to_pylist():
+        key = (row["group_name"], int(row["partition_id"]))
+        lists[key].append((int(row["replica_index"]), _broker_id(row["node_id"], f"the ideal list of {key[0]}")))
+    return {key: tuple(broker for _, broker in sorted(nodes)) for key, nodes in lists.items()}
+
+
 def moves_of(plan: pa.Table, ideal: pa.Table) -> list[Move]:
     """One :class:`Move` per partition that has plan steps, in plan order.
 
@@ -145,10 +158,7 @@ def moves_of(plan: pa.Table, ideal: pa.Table) -> list[Move]:
     Raises:
         ExecuteError: A planned partition has no ideal list, or a node id is not a broker id.
     """
-    targets: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
-    for row in ideal.select(["group_name", "partition_id", "replica_index", "node_id"]).to_pylist():
-        key = (row["group_name"], int(row["partition_id"]))
-        targets[key].append((int(row["replica_index"]), _broker_id(row["node_id"], f"the ideal list of {key[0]}")))
+    targets = ideal_lists(ideal)
     steps: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     columns = ["group_name", "partition_id", "step", "action", "source_node", "target_node", "est_start_s"]
     for row in plan.select(columns).to_pylist():
@@ -180,7 +190,7 @@ def moves_of(plan: pa.Table, ideal: pa.Table) -> list[Move]:
         moves.append(Move(
             topic=topic,
             partition=partition,
-            replicas=tuple(broker for _, broker in sorted(targets[(topic, partition)])),
+            replicas=targets[(topic, partition)],
             adds=_unique(adds),
             removes=_unique(removes),
             promote=promote,

@@ -833,6 +833,21 @@ class Warehouse(abc.ABC):
             self._add_columns(name, missing)
         return [f.name for f in missing]
 
+    def latest_reports(self, groups: Sequence[str] | None = None) -> pa.Table:
+        """The latest ``partition_reports`` row of every copy (highest ``report_seq``; SPEC: the latest per copy
+        wins), with every stored column (the collectors' extra ones too), optionally of some groups only: one Spark
+        job, whatever the length of the table's history.
+
+        Raises:
+            TableNotFoundError: the table does not exist.
+        """
+        raw = self.read_raw("partition_reports")
+        if groups is not None:
+            raw = raw.where(F.col("group_name").isin(list(groups)))
+        latest = raw.groupBy("node_id", "group_name", "partition_id").agg(
+            F.max_by(F.struct(*raw.columns), "report_seq").alias("latest"))
+        return latest.select("latest.*").toArrow()
+
     def _add_columns(self, name: str, fields: Sequence[StructField]) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot add columns")
 
