@@ -60,6 +60,7 @@ class ClusterSnapshot:
     topics: dict[str, tuple[PartitionState, ...]]  # topic -> its partitions, in partition order
     internal: frozenset[str]
     replica_bytes: dict[tuple[str, int, int], int]  # (topic, partition, broker) -> bytes on disk
+    fenced: frozenset[int] = frozenset()  # registered but fenced: crashed or stopped, expected back
 
 
 @contextlib.contextmanager
@@ -119,6 +120,7 @@ def read_cluster(bootstrap: str, *, timeout_s: float = 15.0, include_internal: b
         (Broker(int(b["broker_id"]), str(b["host"]), int(b["port"]), b.get("rack") or None)
          for b in cluster["brokers"] if not b.get("is_fenced")),
         key=lambda b: b.broker_id))
+    fenced = frozenset(int(b["broker_id"]) for b in cluster["brokers"] if b.get("is_fenced"))
     internal = frozenset(t["name"] for t in described if t.get("is_internal"))
     topics: dict[str, tuple[PartitionState, ...]] = {}
     for t in sorted(described, key=lambda t: t["name"]):
@@ -146,7 +148,7 @@ def read_cluster(bootstrap: str, *, timeout_s: float = 15.0, include_internal: b
                     if not part.get("is_future_key"):
                         key = (topic["name"], int(part["partition_index"]), int(entry["broker"]))
                         sizes[key] = sizes.get(key, 0) + int(part["partition_size"])
-    return ClusterSnapshot(str(cluster.get("cluster_id")), brokers, topics, internal, sizes)
+    return ClusterSnapshot(str(cluster.get("cluster_id")), brokers, topics, internal, sizes, fenced)
 
 
 def _ask(bootstrap: str, timeout_s: float) -> tuple[Any, ...]:

@@ -18,9 +18,11 @@ Contract:
         assignment. A copy is reported when it changed, and every copy of a broker that (re)joined since the last
         collect. A replica no longer on a live broker that reported one is EVICTED. A partition with no live
         in-sync replica has no OWNING copy: the exchange marks it lost.
-      - brokers that registered since the last collect are NODE_JOINED, brokers gone are NODE_FAILED (NODE_LEFT
-        when they were draining: a crash and a controlled shutdown look the same afterwards), new topics are
-        CACHE_STARTED (not on the first collect: a fresh cluster starts every group), deleted topics CACHE_STOPPED.
+      - brokers that registered since the last collect are NODE_JOINED; a broker gone is NODE_LEFT when it was
+        draining or its operator unregistered it (decommissioned: ``kafka-cluster unregister``), else NODE_FAILED
+        (registered but fenced: a crash and a controlled shutdown look the same through the admin API); new topics
+        are CACHE_STARTED (not on the first collect: a fresh cluster starts every group), deleted topics
+        CACHE_STOPPED.
     - :func:`collect` reads the cluster and the warehouse and writes what changed, nodes and groups (one row per
       broker and topic, replaced when it changes) before events before reports (appended); a collect killed between
       two commits is finished by the next one. A collect of an unchanged cluster writes nothing.
@@ -133,8 +135,10 @@ def desired_rows(snapshot: ClusterSnapshot, stored: Stored, now: datetime) -> Co
     events: list[tuple[str, str | None, str | None]] = []
     for node in sorted(alive - stored.alive, key=lambda n: (len(n), n)):
         events.append((NODE_JOINED, node, None))
+    registered = {str(b) for b in snapshot.fenced}
     for node in sorted(stored.alive - alive, key=lambda n: (len(n), n)):
-        events.append((NODE_LEFT if node in stored.draining else NODE_FAILED, node, None))
+        left = node in stored.draining or node not in registered  # drained, or unregistered by its operator
+        events.append((NODE_LEFT if left else NODE_FAILED, node, None))
     if not first:
         for topic in sorted(set(snapshot.topics) - stored.running):
             events.append((CACHE_STARTED, None, topic))

@@ -167,6 +167,15 @@ class KafkaCluster:
                 node.process.kill()
                 node.process.wait(30)
 
+    def unregister(self, node_id: int) -> None:
+        """Remove a stopped broker's registration with Kafka's own tool (``kafka-cluster unregister``): the end of
+        decommissioning it."""
+        cmd = ["java", *JVM, "-cp", classpath(), "org.apache.kafka.tools.ClusterTool", "unregister",
+               "--bootstrap-server", self.bootstrap, "--id", str(node_id)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise KafkaHarnessError(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+
     def restart(self, node_id: int, timeout_s: float = 60.0) -> None:
         """Launch a stopped or killed broker again on its own log directory."""
         self._launch(classpath(), self.nodes[node_id])

@@ -25,9 +25,10 @@ def _part(topic: str, p: int, replicas: tuple[int, ...], isr: tuple[int, ...] | 
 
 
 def _snapshot(brokers: dict[int, str | None], topics: dict[str, tuple[PartitionState, ...]],
-              sizes: dict[tuple[str, int, int], int] | None = None) -> ClusterSnapshot:
+              sizes: dict[tuple[str, int, int], int] | None = None, fenced: frozenset[int] = frozenset()
+              ) -> ClusterSnapshot:
     return ClusterSnapshot("c1", tuple(Broker(b, "127.0.0.1", 9000 + b, r) for b, r in sorted(brokers.items())),
-                           topics, frozenset(), sizes or {})
+                           topics, frozenset(), sizes or {}, fenced)
 
 
 def _fold(stored: Stored, rows: Collected, history: dict[str, list[dict[str, Any]]]) -> Stored:
@@ -86,11 +87,15 @@ def test_departures_are_failures_unless_draining_then_leaves_and_new_topics_star
     history["topology_events"].append({"event_seq": 4, "event_type": "NODE_DRAINING", "node_id": "3",
                                        "group_name": None, "event_time": NOW})
     stored = _fold(stored, Collected([], [], [], []), history)
-    later = _snapshot({1: None, 4: None}, {"t": (_part("t", 0, (1, 4)),), "u": (_part("u", 0, (4,)),)})
+    later = _snapshot({1: None, 4: None}, {"t": (_part("t", 0, (1, 4)),), "u": (_part("u", 0, (4,)),)},
+                      fenced=frozenset({2, 3}))
     rows = desired_rows(later, stored, NOW)
     assert [(e["event_seq"], e["event_type"], e["node_id"], e["group_name"]) for e in rows.topology_events] == [
         (5, "NODE_JOINED", "4", None), (6, "NODE_FAILED", "2", None), (7, "NODE_LEFT", "3", None),
-        (8, "CACHE_STARTED", None, "u")]
+        (8, "CACHE_STARTED", None, "u")], "2 is fenced: failed; 3 was draining: left"
+    unregistered = desired_rows(_snapshot({1: None}, {"t": (_part("t", 0, (1,)),)}), stored, NOW)
+    assert [(e["event_type"], e["node_id"]) for e in unregistered.topology_events] == [
+        ("NODE_LEFT", "2"), ("NODE_LEFT", "3")], "no longer registered: its operator decommissioned it"
     assert [r["node_order"] for r in rows.nodes] == [4], "a new broker joins after the known ones"
     assert [r["group_name"] for r in rows.cache_groups] == ["u"]
     evicted = [(r["node_id"], r["state"]) for r in rows.partition_reports if r["state"] == "EVICTED"]

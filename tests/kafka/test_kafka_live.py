@@ -335,6 +335,22 @@ def test_a_skewed_cluster_is_adopted_as_it_is_and_evened_when_the_operator_asks(
         assert records(cluster, "skewed") == before
 
 
+def test_a_stopped_broker_is_a_failure_until_its_operator_unregisters_it_then_a_leave(
+        spark: Any, tmp_path: Path) -> None:
+    with _own(tmp_path, 4) as cluster:
+        create_topics(cluster, {"retire": (4, 2)})
+        wh, settings = _adopt(spark, cluster, tmp_path)
+        cluster.stop(4)  # a controlled shutdown: registered, fenced
+        cluster.stop(3)
+        wait_fenced(cluster, 4)
+        wait_fenced(cluster, 3)
+        cluster.unregister(3)  # decommissioned by its operator
+        result = collect_cluster(wh, settings, cluster.bootstrap)
+        assert result.appended["topology_events"] == 2
+        events = sorted(wh.read_arrow("topology_events").to_pylist(), key=lambda e: e["event_seq"])[-2:]
+        assert [(e["event_type"], e["node_id"]) for e in events] == [("NODE_LEFT", "3"), ("NODE_FAILED", "4")]
+
+
 def test_a_partition_whose_every_in_sync_replica_died_is_lost(spark: Any, tmp_path: Path) -> None:
     with _own(tmp_path, 3) as cluster:
         create_topics(cluster, {"fragile": (6, 2)})
