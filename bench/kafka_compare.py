@@ -18,7 +18,7 @@ mean), the time to finish (the tool's wall time, and when the cluster's assignme
 reassignment in flight, sampled every 0.5 s by a thread of this script), and every record read back.
 
 Run from the repository root: ``.venv/bin/python bench/kafka_compare.py [--out bench/results/kafka_compare.json]``
-(needs java and mvn; about 5-8 minutes on a 2-core machine with the defaults). Prints the docs/KAFKA.md table.
+(needs java and mvn; about 9 minutes on a 2-core machine with the defaults). Prints the docs/KAFKA.md table.
 """
 
 from __future__ import annotations
@@ -465,9 +465,9 @@ def main() -> None:
     parser.add_argument("--topics", type=int, default=2)
     parser.add_argument("--partitions", type=int, default=12, help="partitions per topic")
     parser.add_argument("--replication", type=int, default=2)
-    parser.add_argument("--records", type=int, default=4000, help="records per topic")
+    parser.add_argument("--records", type=int, default=24000, help="records per topic")
     parser.add_argument("--record-bytes", type=int, default=1024)
-    parser.add_argument("--throttle", type=int, default=131072, help="replication throttle, bytes per second")
+    parser.add_argument("--throttle", type=int, default=1048576, help="replication throttle, bytes per second")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     args = parser.parse_args()
     reason = missing_tools()
