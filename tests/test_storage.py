@@ -1214,7 +1214,8 @@ def test_an_extra_column_is_added_once_as_metadata_and_old_rows_read_it_as_null(
     wh.append_arrow("partition_reports", pa.Table.from_pylist([old | {"report_seq": 2}], arrow))
     assert wh.read_arrow("partition_reports").column_names == schema.names
     # and a writer that knows it keeps its values
-    wh.append_arrow("partition_reports", pa.Table.from_pylist([old | {"report_seq": 3, "replica_index": 1}]))
+    wider = arrow.append(pa.field("replica_index", pa.int32()))
+    wh.append_arrow("partition_reports", pa.Table.from_pylist([old | {"report_seq": 3, "replica_index": 1}], wider))
     assert sorted(r["replica_index"] or -1 for r in wh.read_raw("partition_reports").toArrow().to_pylist()) == [
         -1, -1, 1]
     protocol = DeltaTable(str(warehouse_dir / "partition_reports")).protocol()
