@@ -173,7 +173,6 @@ def print_what_if(run: Any, top: int) -> None:
                   f"committed. All rows: rebalancer sql \"SELECT * FROM what_if WHERE run_id = '{run.run_id}'\"")
 
 
-
 def print_collect(result: Any) -> None:
     """One line per collect of a live cluster: what it saw and what it appended."""
     appended = ", ".join(f"{n} {name}" for name, n in result.appended.items() if n) or "nothing (unchanged)"

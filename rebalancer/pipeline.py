@@ -510,7 +510,7 @@ class _Run:
         self._nodes = {r["node_id"]: r for r in inputs.nodes.to_pylist()}
         self._groups = {r["group_name"]: r for r in inputs.groups.to_pylist()}
         # the placements of the step being decided: computed once, by whichever of scope and kernel asks first
-        self._placed: tuple[ExchangeStep, tuple[dict[str, Any], dict[str, Any]]] | None = None
+        self._placed: tuple[ExchangeStep, dict[str, Any], dict[str, Any], tuple[PreviousPlacement, ...]] | None = None
 
     def release(self) -> None:
         if self._reports is not None:
@@ -779,35 +779,37 @@ class _Run:
         groups = self.group_settings(step, prev)
         alive = self.node_set(step.alive)
         placed, _ = self._placements(step, prev, groups, alive)
-        rows = self.warehouse.read_arrow("ideal_assignment", where=version_where(prev.version))
-        rows = rows.filter(pc.is_in(rows.column("group_name"), pa.array(carried, pa.string())))
-        before = previous_placement(rows)
         where = {n: i for i, n in enumerate(alive.node_ids)}
-        to_alive = np.array([where.get(n, -1) for n in before.node_ids] + [-1], dtype=np.int32)
         changed: set[tuple[str, int]] = set()
-        for g in carried:
-            now, then = placed.get(g), before.matrices.get(g)
-            if now is None or then is None:
-                continue
-            width = max(now.shape[1], then.shape[1])
-            old = np.full((now.shape[0], width), -1, dtype=np.int32)
-            k = min(now.shape[0], then.shape[0])
-            old[:k, : then.shape[1]] = to_alive[np.where(then[:k] >= 0, then[:k], len(before.node_ids))]
-            old = np.take_along_axis(old, np.argsort(old < 0, axis=1, kind="stable"), axis=1)
-            new = np.full_like(old, -1)
-            new[:, : now.shape[1]] = np.take_along_axis(now, np.argsort(now < 0, axis=1, kind="stable"), axis=1)
-            changed |= {(g, int(p)) for p in np.flatnonzero((old != new).any(axis=1))}
+        for before in self._previous_of(step):  # the previous ideal lists _place read and continued from
+            to_alive = np.array([where.get(n, -1) for n in before.node_ids] + [-1], dtype=np.int32)
+            for g in carried:
+                now, then = placed.get(g), before.matrices.get(g)
+                if now is None or then is None:
+                    continue
+                width = max(now.shape[1], then.shape[1])
+                old = np.full((now.shape[0], width), -1, dtype=np.int32)
+                k = min(now.shape[0], then.shape[0])
+                old[:k, : then.shape[1]] = to_alive[np.where(then[:k] >= 0, then[:k], len(before.node_ids))]
+                old = np.take_along_axis(old, np.argsort(old < 0, axis=1, kind="stable"), axis=1)
+                new = np.full_like(old, -1)
+                new[:, : now.shape[1]] = np.take_along_axis(now, np.argsort(now < 0, axis=1, kind="stable"), axis=1)
+                changed |= {(g, int(p)) for p in np.flatnonzero((old != new).any(axis=1))}
         return changed
 
     def _placements(self, step: ExchangeStep, prev: Committed | None, groups: Mapping[str, GroupSettings],
                     alive: NodeSet) -> tuple[dict[str, Any], dict[str, Any]]:
-        if self._placed is not None and self._placed[0] is step:
-            return self._placed[1]
-        self._placed = (step, self._place(step, prev, groups, alive))
-        return self._placed[1]
+        if self._placed is None or self._placed[0] is not step:
+            self._placed = (step, *self._place(step, prev, groups, alive))
+        return self._placed[1], self._placed[2]
+
+    def _previous_of(self, step: ExchangeStep) -> tuple[PreviousPlacement, ...]:
+        """The previous placements :meth:`_placements` continued from for ``step`` (called for it first)."""
+        assert self._placed is not None and self._placed[0] is step, "placements of another step"
+        return self._placed[3]
 
     def _place(self, step: ExchangeStep, prev: Committed | None, groups: Mapping[str, GroupSettings],
-               alive: NodeSet) -> tuple[dict[str, Any], dict[str, Any]]:
+               alive: NodeSet) -> tuple[dict[str, Any], dict[str, Any], tuple[PreviousPlacement, ...]]:
         """Replica matrices (indexes into ``alive``) decided on the driver instead of in the kernel: balanced groups
         (placed together), and every group whose candidates are not the alive servers - draining nodes leave the
         placement while they still serve, and persistent groups are placed over the baseline, where an offline node
@@ -820,11 +822,13 @@ class _Run:
         out: dict[str, Any] = {}
         listed: dict[str, Any] = {}
         placed_before: dict[str, int] = {}  # balanced group -> how many of its partitions the previous ideal placed
+        previous_read: list[PreviousPlacement] = []
         for chosen in sorted(set(candidates.values()), key=sorted):
             members = {g: s for g, s in groups.items() if candidates[g] == chosen}
             nodes = alive if chosen == everyone else NodeSet.from_rows([self._nodes[n] for n in sorted(chosen)])
             previous = self._balanced_previous(prev, members)
             if previous is not None:
+                previous_read.append(previous)
                 placed_before.update((g, m.shape[0]) for g, m in previous.matrices.items())
             placed = _balanced_placements(members, nodes, self.settings.affinity.balanced_spread, previous)
             if chosen != everyone:
@@ -838,7 +842,7 @@ class _Run:
                 placed = {g: placed_onto(m, nodes.node_ids, alive.node_ids) for g, m in placed.items()}
             out.update(placed)
         out.update(self._adopted(out, groups, alive, placed_before))
-        return out, listed
+        return out, listed, tuple(previous_read)
 
     def _adopted(self, placed: Mapping[str, Any], groups: Mapping[str, GroupSettings], alive: NodeSet,
                  placed_before: Mapping[str, int]) -> dict[str, Any]:

@@ -122,6 +122,7 @@ def read_cluster(bootstrap: str, *, timeout_s: float = 15.0, include_internal: b
         key=lambda b: b.broker_id))
     fenced = frozenset(int(b["broker_id"]) for b in cluster["brokers"] if b.get("is_fenced"))
     internal = frozenset(t["name"] for t in described if t.get("is_internal"))
+    in_flight = _reassignments(moving)
     topics: dict[str, tuple[PartitionState, ...]] = {}
     for t in sorted(described, key=lambda t: t["name"]):
         name = t["name"]
@@ -130,7 +131,7 @@ def read_cluster(bootstrap: str, *, timeout_s: float = 15.0, include_internal: b
         states = []
         for p in sorted(t["partitions"], key=lambda p: p["partition_index"]):
             pid = int(p["partition_index"])
-            move = _reassignment(moving, name, pid)
+            move = in_flight.get((name, pid), ((), ()))
             tp = TopicPartition(name, pid)
             states.append(PartitionState(
                 topic=name, partition=pid, replicas=tuple(int(b) for b in p["replica_nodes"]),
@@ -168,12 +169,9 @@ def _ask(bootstrap: str, timeout_s: float) -> tuple[Any, ...]:
     return cluster, described, moving, latest, earliest, logs
 
 
-def _reassignment(moving: Any, topic: str, partition: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(adding, removing) of a reassignment in flight, from kafka-python's answer in any of its shapes."""
-    for key, value in (moving or {}).items():
-        t, p = (key.topic, key.partition) if hasattr(key, "topic") else key
-        if t == topic and int(p) == partition:
-            adding = value.get("adding_replicas", ()) if isinstance(value, dict) else value.adding_replicas
-            removing = value.get("removing_replicas", ()) if isinstance(value, dict) else value.removing_replicas
-            return tuple(int(b) for b in adding), tuple(int(b) for b in removing)
-    return (), ()
+def _reassignments(moving: Any) -> dict[tuple[str, int], tuple[tuple[int, ...], tuple[int, ...]]]:
+    """(topic, partition) -> (adding, removing) of each reassignment in flight (kafka-python's
+    ``list_partition_reassignments``: TopicPartition -> {adding_replicas, removing_replicas, ...})."""
+    return {(tp.topic, int(tp.partition)): (tuple(int(b) for b in r["adding_replicas"]),
+                                            tuple(int(b) for b in r["removing_replicas"]))
+            for tp, r in (moving or {}).items()}

@@ -848,8 +848,9 @@ class Warehouse(abc.ABC):
             F.max_by(F.struct(*raw.columns), "report_seq").alias("latest"))
         return latest.select("latest.*").toArrow()
 
+    @abc.abstractmethod
     def _add_columns(self, name: str, fields: Sequence[StructField]) -> None:
-        raise NotImplementedError(f"{type(self).__name__} cannot add columns")
+        """Add ``fields`` (not stored yet) to table ``name`` in one metadata-only commit."""
 
     def read_arrow(
         self, name: str, where: Mapping[str, WhereValue] | None = None, version: int | None = None
