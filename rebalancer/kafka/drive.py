@@ -30,7 +30,12 @@ from rebalancer.pipeline import ExchangeSummary, run_exchange
 from rebalancer.storage import Warehouse
 from rebalancer.tables import version_where
 
-__all__ = ["PlannedMoves", "Round", "collect_cluster", "execute_plan", "planned_moves", "run", "snapshot_of"]
+__all__ = ["NotStableError", "PlannedMoves", "Round", "collect_cluster", "execute_plan", "planned_moves", "run",
+           "snapshot_of"]
+
+
+class NotStableError(RuntimeError):
+    """``run --until-stable`` used every round it may and the cluster still moved; one sentence."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,7 @@ def run(spark: SparkSession, warehouse: Warehouse, settings: Settings, bootstrap
 
     Raises:
         ExecuteError, KafkaUnreachableError, CollectError: one sentence each; what was committed stays.
+        NotStableError: ``until_stable`` and the last allowed round still moved something.
     """
     address = _bootstrap(settings, bootstrap)
     rounds: list[Round] = []
@@ -156,6 +162,9 @@ def run(spark: SparkSession, warehouse: Warehouse, settings: Settings, bootstrap
         if on_round is not None:
             on_round(done)
         if done.stable:
-            break
+            return rounds
         time.sleep(settings.kafka.poll_interval_s)
+    if until_stable:
+        raise NotStableError(f"the cluster was not stable after {len(rounds)} rounds ([kafka] until_stable_rounds); "
+                             f"what each round committed and moved stays")
     return rounds
