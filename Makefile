@@ -4,13 +4,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-all interop interop-slow kafka-slow storage-slow connect-slow bench-interop soak lint bench bench-quick clean
+.PHONY: install demo test test-all interop interop-slow kafka-slow ignite-slow storage-slow connect-slow bench-interop soak lint bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 not found (tried python3.11, python3)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[local,kafka,test,dev]"
+	$(PY) -m pip install --quiet -e ".[local,kafka,ignite,test,dev]"
 	# The Delta Lake jars for the delta-spark engine, from Maven Central (needs mvn; without it delta-rs is used).
 	$(PY) -m rebalancer.delta_jars
 	# A class-data archive of the classes every Spark start loads: sessions start about 1.5 s sooner.
@@ -34,13 +34,13 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -q $(XDIST) -m ""
 
-# Real Apache Ignite 2.x and Hazelcast 5.x against rebalancer, slow scenarios included (docs/INTEROP.md; needs java
-# and mvn: the jars come from Maven Central once, into .cache/m2). `make test` runs the fast ones, `test-all` all.
+# Real Apache Ignite 2.x and Hazelcast 5.x against rebalancer (docs/INTEROP.md; needs java and mvn: the jars come from
+# Maven Central once, into .cache/m2). Every test that starts their JVMs is slow: `make interop-slow` (CI) runs them.
 interop: $(STAMP)
 	$(PY) -m pytest -q -m "" tests/interop --durations=10
 
-# Only the slow interop tests (the exchange replays against real Ignite, Hazelcast's migrations): CI runs them
-# after `make test`, which runs the fast ones.
+# The interop tests that start real JVMs (the exchange replays against real Ignite, its affinity, Hazelcast's
+# partitions and migrations): CI runs them after `make test`, which runs the pure ones.
 interop-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow tests/interop --durations=10
 
@@ -53,6 +53,16 @@ kafka-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow tests/kafka --durations=10
 	REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q -m slow tests/kafka/test_kafka_live.py \
 		-k "adopted_as_it_is or killed_for_good" --durations=5
+
+# A live Apache Ignite 2.17 cluster (server nodes in one JVM, thin-client ports on loopback; the jars from Maven
+# Central into .cache/m2) collected through its public interfaces and exchanged, each step held against what Ignite
+# itself holds (docs/IGNITE.md; needs java and mvn). CI runs it; `make test` runs the pure collector tests. Then the
+# steady cluster, a kill and the persistent baseline once more on delta-spark (the collector's extra columns, its
+# upserts). About 6 minutes on 2 cores.
+ignite-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow tests/ignite --durations=10
+	REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q -m slow tests/ignite/test_ignite_live.py \
+		-k "steady or killed or baseline_node" --durations=5
 
 # The delta-spark engine, for real (CI runs it after `make test`): the storage contract, the exchange scenarios with
 # their exact tables, the crash points and the concurrency tests once more with the Delta jars in the suite's
@@ -77,6 +87,7 @@ storage-slow: $(STAMP)
 # with Delta's jars), and on delta-spark with everything through Delta, the storage contract too
 # (storage.driver_reader = false: Databricks serverless's case, catalog tables over Connect; about 8 minutes).
 connect-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow tests/test_session.py --durations=5
 	REBALANCER_TEST_API_MODE=connect $(PY) -m pytest -q $(XDIST) tests/test_exchange_job.py --durations=5
 	REBALANCER_TEST_API_MODE=connect REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q $(XDIST) \
 		tests/test_exchange_job.py --durations=5

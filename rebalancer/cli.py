@@ -21,6 +21,7 @@ from rebalancer.console import (
     err_console,
     print_collect,
     print_execute,
+    print_ignite_collect,
     print_kafka_round,
     print_round,
     print_rows,
@@ -471,6 +472,35 @@ def kafka_run(
     with step("driving the cluster"):
         run(state.spark, state.warehouse, state.settings, bootstrap, until_stable=until_stable,
             on_round=print_kafka_round)
+
+
+ignite_app = typer.Typer(
+    help="A live Apache Ignite 2.x cluster (docs/IGNITE.md): collect its nodes, cache groups, partition states, "
+         "update counters and sizes into the input tables.",
+    no_args_is_help=True,
+)
+app.add_typer(ignite_app, name="ignite")
+
+
+@ignite_app.command("collect")
+def ignite_collect(
+    ctx: typer.Context,
+    host: Annotated[str | None, typer.Option("--host", help="A server node's thin-client host (default: "
+                                             "[ignite] host).")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="Its thin-client port (default: [ignite] port, "
+                                             "10800).")] = None,
+) -> None:
+    """Write what the cluster is into the input tables: nodes, cache groups, one report per copy (state, update
+    counter, size), and the events since the last collect. A collect of an unchanged cluster writes nothing; a
+    group the engine does not model is skipped with a rejected row."""
+    from rebalancer.ignite.collect import collect, snapshot_of
+
+    state = _state(ctx)
+    with step("reading the cluster"):
+        snapshot = snapshot_of(state.settings.ignite, host, port)  # before Spark starts: fails fast
+    with step("collecting the cluster"):
+        result = collect(state.warehouse, state.settings.ignite, host, port, snapshot=snapshot)
+    print_ignite_collect(result)
 
 
 def _log_to_stderr(on: bool) -> None:

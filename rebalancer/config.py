@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["ConfigError", "Settings", "load_settings"]
+__all__ = ["ConfigError", "IgniteSettings", "Settings", "load_settings"]
 
 
 class ConfigError(ValueError):
@@ -95,6 +95,17 @@ class KafkaSettings(_Strict):
     until_stable_rounds: int = Field(10, ge=1)
 
 
+class IgniteSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(10800, ge=1, le=65535)
+    control: list[str] = ["control.sh"]
+    client_timeout_s: float = Field(15.0, gt=0)
+    entry_bytes: int = Field(1024, ge=0)
+    include_system: bool = False
+    attributes: list[str] = []
+    backup_filters: dict[str, list[str]] = {}
+
+
 class Settings(_Strict):
     """Every setting of the engine; see ``conf/default.toml`` for what each means."""
 
@@ -107,6 +118,7 @@ class Settings(_Strict):
     validation: ValidationSettings = ValidationSettings()
     baseline: BaselineConfig = BaselineConfig()
     kafka: KafkaSettings = KafkaSettings()
+    ignite: IgniteSettings = IgniteSettings()
 
     def with_overrides(self, **sections: dict[str, Any]) -> Settings:
         """A copy with some keys replaced, validated like a file: ``s.with_overrides(storage={"warehouse": "w"})``."""

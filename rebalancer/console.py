@@ -21,6 +21,7 @@ __all__ = [
     "print_balance",
     "print_collect",
     "print_execute",
+    "print_ignite_collect",
     "print_kafka_round",
     "print_round",
     "print_rows",
@@ -178,6 +179,18 @@ def print_collect(result: Any) -> None:
     appended = ", ".join(f"{n} {name}" for name, n in result.appended.items() if n) or "nothing (unchanged)"
     console.print(f"cluster {result.cluster_id}: {result.brokers} brokers, {result.topics} topics, "
                   f"{result.partitions} partitions; appended {appended}")
+
+
+def print_ignite_collect(result: Any) -> None:
+    """One line per collect of a live Ignite cluster, then one per group it skipped and why."""
+    appended = ", ".join(f"{n} {name}" for name, n in result.appended.items() if n) or "nothing (unchanged)"
+    console.print(f"{result.cluster_id}: {result.servers} servers, {result.clients} clients, {result.groups} cache "
+                  f"groups, {result.partitions} partitions; appended {appended}", markup=False)
+    for why in result.skipped.values():
+        console.print(f"skipped: {why}", markup=False)
+    for c in result.conflicts:
+        counters = ", ".join(f"{node} {counter}" for node, counter in c.counters.items())
+        console.print(f"update counter conflict: {c.group} partition {c.partition}: {counters}", markup=False)
 
 
 def print_execute(result: Any, collects: int) -> None:

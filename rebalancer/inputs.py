@@ -25,6 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from rebalancer.collecting import record_rejections
 from rebalancer.config import Settings
 from rebalancer.exchange.events import ClusterState, Event, NodeInfo, Rejection, TopologyState, late_events
 from rebalancer.storage import Warehouse
@@ -385,24 +386,3 @@ def _valid(name: str, rows: pa.Table, rejected: pa.Table, validated: Validated) 
     if all(f.name in kept.column_names and kept.schema.field(f.name).type == f.type for f in spec):
         return kept.select(spec.names)
     return validated.valid[name].toArrow().cast(spec)
-
-
-def record_rejections(warehouse: Warehouse, rejected: pa.Table) -> int:
-    """Append the rejected rows not recorded yet (a bad row is recorded once, by the first run that saw it).
-
-    Returns:
-        How many rows were appended.
-    """
-    if rejected.num_rows == 0:
-        return 0
-    existing = warehouse.read_arrow("rejected_rows").select(["table_name", "row_json", "reason"]).to_pylist()
-    seen = {(r["table_name"], r["row_json"], r["reason"]) for r in existing}
-    fresh = []
-    for r in rejected.to_pylist():
-        key = (r["table_name"], r["row_json"], r["reason"])
-        if key not in seen:
-            seen.add(key)
-            fresh.append(r)
-    if fresh:
-        warehouse.append_arrow("rejected_rows", pa.Table.from_pylist(fresh, schema=rejected.schema))
-    return len(fresh)

@@ -24,6 +24,8 @@ from pyspark.sql.types import (
 __all__ = [
     "COLLECTED_COLUMNS",
     "INPUT_TABLES",
+    "IN_BASELINE",
+    "IS_PRIMARY",
     "OUTPUT_TABLES",
     "REPLICA_INDEX",
     "SCHEMAS",
@@ -234,7 +236,16 @@ WHAT_IF = _schema(
 # docs/KAFKA.md): a partition_reports copy's place in its cluster's own replica list, 0 = the preferred primary (as
 # ideal_assignment's replica_index). The first exchange of a collected cluster adopts the placement they give.
 REPLICA_INDEX = "replica_index"
-COLLECTED_COLUMNS: dict[str, tuple[StructField, ...]] = {"partition_reports": (StructField(REPLICA_INDEX, INT),)}
+# ... and whether the copy serves as its partition's primary there and then (the Ignite collector: the primary its
+# partition states show), so that a collected map can be read beside the engine's serving assignment.
+IS_PRIMARY = "is_primary"
+# ... and whether a node is in its cluster's baseline (Ignite: SYS.BASELINE_NODES), so that the next collect sees a
+# baseline change.
+IN_BASELINE = "in_baseline"
+COLLECTED_COLUMNS: dict[str, tuple[StructField, ...]] = {
+    "nodes": (StructField(IN_BASELINE, B),),
+    "partition_reports": (StructField(REPLICA_INDEX, INT), StructField(IS_PRIMARY, B)),
+}
 
 INPUT_TABLES: dict[str, StructType] = {
     "cache_groups": CACHE_GROUPS,

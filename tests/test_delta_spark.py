@@ -34,6 +34,11 @@ pytestmark = [
 ]
 
 
+# The story is a delta-spark process of its own (4 to 6 minutes on 2 cores beside the other test workers): CI runs
+# these with `make storage-slow`, which runs this file's slow tests first; `make test` stays within its budget.
+_STORY = pytest.mark.slow
+
+
 @pytest.fixture(scope="session")
 def delta_spark_story(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     """The delta-spark process, once per test session: its result is shared by every xdist worker (a worker per
@@ -53,6 +58,7 @@ def delta_spark_story(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, d
     return Path(shared["warehouse"]), shared["story"]
 
 
+@_STORY
 def test_delta_spark_commits_the_rows_delta_rs_commits(spark: Any, delta_spark_story: Any, tmp_path: Path) -> None:
     warehouse, on_delta_spark = delta_spark_story
     assert on_delta_spark["engine"] == "delta-spark"
@@ -76,6 +82,7 @@ def test_delta_spark_commits_the_rows_delta_rs_commits(spark: Any, delta_spark_s
     assert continued[0] == continued[1]
 
 
+@_STORY
 def test_delta_spark_tables_stay_plain_delta(delta_spark_story: Any) -> None:
     warehouse, _ = delta_spark_story
     for name in SCHEMAS:
@@ -84,6 +91,7 @@ def test_delta_spark_tables_stay_plain_delta(delta_spark_story: Any) -> None:
         assert not protocol.reader_features and not protocol.writer_features, name
 
 
+@_STORY
 def test_time_travel_history_and_restore_work_by_table_name(delta_spark_story: Any) -> None:
     """Every ``-- delta-spark only`` block of docs/QUERIES.md runs on the delta-spark warehouse by table name (its
     tables are catalog tables of the session, not views): history, VERSION AS OF, TIMESTAMP AS OF, RESTORE."""
@@ -100,6 +108,7 @@ def test_time_travel_history_and_restore_work_by_table_name(delta_spark_story: A
     assert q["plan_after_restore"] == q["plan_read_after_restore"] == 0
 
 
+@_STORY
 def test_a_catalog_prefix_warehouse_commits_the_same_rows_in_a_schema(delta_spark_story: Any) -> None:
     """``storage.catalog_prefix = "spark_catalog.rebalancer"`` (a schema of the session catalog, as a Unity Catalog
     ``catalog.schema``): the same story creates, writes and reads its tables by name, with the same rows as the
@@ -113,6 +122,7 @@ def test_a_catalog_prefix_warehouse_commits_the_same_rows_in_a_schema(delta_spar
     assert catalog["exchanges_now"] == 2 and catalog["exchanges_at_1"] < 2 and catalog["history"] >= 3
 
 
+@_STORY
 def test_two_exchanges_racing_on_delta_spark_commit_one_version_and_one_clear_error(delta_spark_story: Any) -> None:
     """As on delta-rs (tests/test_exchange_job.py): both runs compute version 6.0; one commits it, the other gets
     the one-sentence ExchangeConflictError and nothing is duplicated."""

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 # One process: a local Connect session (api_mode = "connect"), a query, then it holds its server until `release`
 # exists, so that another process starts its own meanwhile.
 _HOLDER = """
@@ -31,6 +33,7 @@ _CONNECT_ENVIRONMENT = ("SPARK_TESTING", "SPARK_REMOTE", "SPARK_CONNECT_MODE_ENA
                         "SPARK_CONNECT_AUTHENTICATE_TOKEN")
 
 
+@pytest.mark.slow  # two Spark Connect servers (about 30 s): CI runs it with `make connect-slow`
 def test_two_processes_each_run_a_local_connect_server_at_once(tmp_path: Path) -> None:
     """pyspark's own local Connect mode binds port 15002 (outside its tests), so a second process on the machine
     failed to start; each rebalancer process now serves its Connect session on a free port."""

@@ -26,9 +26,10 @@ from rebalancer.validation import ROW_COLUMN, Consumer, validate_inputs
 from rebalancer.validation_local import bad_reports, bad_small_tables
 from tests.test_validation import CASES, TABLES
 
-# Each example runs Spark's validation (a few seconds); the soak profile (`make soak`) runs 200.
+# Each example runs Spark's validation (about 10 s on 2 cores beside the other test workers); the soak profile
+# (`make soak`) runs 200.
 EXAMPLES = int(os.environ.get("VALIDATION_LOCAL_EXAMPLES",
-                              "200" if os.environ.get("HYPOTHESIS_PROFILE") == "soak" else "8"))
+                              "200" if os.environ.get("HYPOTHESIS_PROFILE") == "soak" else "5"))
 
 
 def arrow(table: str, rows: list[dict[str, Any]], commits: list[int] | None = None) -> pa.Table:

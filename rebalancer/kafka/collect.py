@@ -23,34 +23,29 @@ Contract:
         (registered but fenced: a crash and a controlled shutdown look the same through the admin API); new topics
         are CACHE_STARTED (not on the first collect: a fresh cluster starts every group), deleted topics
         CACHE_STOPPED.
-    - :func:`collect` reads the cluster and the warehouse and writes what changed, nodes and groups (one row per
-      broker and topic, replaced when it changes) before events before reports (appended); a collect killed between
-      two commits is finished by the next one. A collect of an unchanged cluster writes nothing.
+    - :func:`collect` reads the cluster and the warehouse and writes what changed through
+      :func:`rebalancer.collecting.write` (nodes and groups upserted, then events, then reports); a collect killed
+      between two commits is finished by the next one. A collect of an unchanged cluster writes nothing.
     - A broker without a rack in a cluster whose other brokers have one is refused with one sentence, before
       anything is written (Kafka refuses rack-aware placement there too).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import pyarrow as pa
-from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import StructType
-
+from rebalancer.collecting import Collected, Stored, differs, read_stored, stored_of, write
 from rebalancer.kafka.admin import ClusterSnapshot, PartitionState, read_cluster
 from rebalancer.storage import Warehouse
-from rebalancer.tables import COLLECTED_COLUMNS, INPUT_TABLES, REPLICA_INDEX
+from rebalancer.tables import REPLICA_INDEX
 from rebalancer.vocabulary import (
     BALANCED,
     CACHE_STARTED,
     CACHE_STOPPED,
     EVICTED,
     MOVING,
-    NODE_DRAINING,
     NODE_FAILED,
     NODE_JOINED,
     NODE_LEFT,
@@ -62,43 +57,11 @@ __all__ = ["CollectError", "CollectResult", "Collected", "Stored", "collect", "d
            "stored_of"]
 
 ZONE = "zone"
-# Tables whose row for a broker or topic is replaced when it changes (a broker's listener or rack, a topic's
-# partitions or replication factor), on their key; events and reports are appended.
-_UPSERTED = {"nodes": "node_id", "cache_groups": "group_name"}
 _REPORT_FIELDS = ("state", "update_counter", "size", "bytes", "wal_history_counter", REPLICA_INDEX)
 
 
 class CollectError(ValueError):
     """The cluster cannot be collected as it is; the message is one sentence and nothing was written."""
-
-
-@dataclass(frozen=True)
-class Stored:
-    """What the warehouse already says about the cluster."""
-
-    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    groups: dict[str, dict[str, Any]] = field(default_factory=dict)
-    alive: frozenset[str] = frozenset()
-    draining: frozenset[str] = frozenset()
-    running: frozenset[str] = frozenset()
-    has_events: bool = False
-    max_event_seq: int = 0
-    reports: dict[tuple[str, str, int], dict[str, Any]] = field(default_factory=dict)  # latest per copy
-    max_report_seq: int = 0
-
-
-@dataclass(frozen=True)
-class Collected:
-    """Rows to append, per input table, each a list of dicts with that table's columns."""
-
-    nodes: list[dict[str, Any]]
-    cache_groups: list[dict[str, Any]]
-    topology_events: list[dict[str, Any]]
-    partition_reports: list[dict[str, Any]]
-
-    @property
-    def empty(self) -> bool:
-        return not (self.nodes or self.cache_groups or self.topology_events or self.partition_reports)
 
 
 @dataclass(frozen=True)
@@ -131,7 +94,7 @@ def desired_rows(snapshot: ClusterSnapshot, stored: Stored, now: datetime) -> Co
     alive = frozenset(str(b.broker_id) for b in snapshot.brokers)
     first = not stored.has_events
     group_rows = [row for row in _group_rows(snapshot, bool(racks) and not without)
-                  if _differs(stored.groups.get(row["group_name"]), row)]
+                  if differs(stored.groups.get(row["group_name"]), row)]
     events: list[tuple[str, str | None, str | None]] = []
     for node in sorted(alive - stored.alive, key=lambda n: (len(n), n)):
         events.append((NODE_JOINED, node, None))
@@ -163,7 +126,7 @@ def _node_rows(snapshot: ClusterSnapshot, stored: Stored) -> list[dict[str, Any]
                "capacity": 1.0, "is_client": False}
         if known is None:
             next_order += 1
-        if _differs(known, row):
+        if differs(known, row):
             rows.append(row)
     return rows
 
@@ -207,7 +170,7 @@ def _report_rows(snapshot: ClusterSnapshot, stored: Stored, alive: frozenset[str
                        REPLICA_INDEX: target.index(broker) if broker in target else None}
                 # a broker that (re)joined describes every copy it holds, changed or not: its copies left the map
                 # when it left, and the exchange knows of them only from a report newer than that
-                if node not in stored.alive or _differs(stored.reports.get((node, topic, p.partition)), row,
+                if node not in stored.alive or differs(stored.reports.get((node, topic, p.partition)), row,
                                                         _REPORT_FIELDS):
                     rows.append(row | {"report_seq": seq})
     for (node, topic, pid), last in sorted(stored.reports.items()):
@@ -217,67 +180,6 @@ def _report_rows(snapshot: ClusterSnapshot, stored: Stored, alive: frozenset[str
                      "update_counter": last["update_counter"], "size": 0, "bytes": 0, "wal_history_counter": None,
                      REPLICA_INDEX: None, "report_seq": seq})
     return rows
-
-
-def _differs(known: Mapping[str, Any] | None, row: Mapping[str, Any], keys: Sequence[str] | None = None) -> bool:
-    if known is None:
-        return True
-    return any(_norm(known.get(k)) != _norm(row.get(k)) for k in (keys or row))
-
-
-def _norm(value: Any) -> Any:
-    if isinstance(value, dict):
-        return tuple(sorted(value.items()))
-    if isinstance(value, list):  # a map read back from Arrow is a list of pairs; an array a list of values
-        return tuple(sorted(value)) if value and isinstance(value[0], tuple) else tuple(value)
-    return value
-
-
-# ---- the warehouse side ----
-def stored_of(nodes: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]],
-              events: Sequence[Mapping[str, Any]], reports: Sequence[Mapping[str, Any]]) -> Stored:
-    """What rows of the four input tables say about the cluster: its nodes and groups, the alive and draining
-    nodes and the running groups their events leave (in ``event_seq`` order), and the latest report per copy."""
-    alive: set[str] = set()
-    draining: set[str] = set()
-    started: set[str] = set()
-    stopped: set[str] = set()
-    ordered = sorted(events, key=lambda r: r["event_seq"] or 0)
-    for e in ordered:
-        kind, node, group = e["event_type"], e["node_id"], e["group_name"]
-        if kind == NODE_JOINED:
-            alive.add(node)
-            draining.discard(node)
-        elif kind in (NODE_LEFT, NODE_FAILED):
-            alive.discard(node)
-            draining.discard(node)
-        elif kind == NODE_DRAINING:
-            draining.add(node)
-        elif kind == CACHE_STARTED:
-            started.add(group)
-            stopped.discard(group)
-        elif kind == CACHE_STOPPED:
-            stopped.add(group)
-            started.discard(group)
-    by_group = {r["group_name"]: dict(r) for r in groups}
-    latest: dict[tuple[str, str, int], dict[str, Any]] = {}
-    for r in reports:
-        key = (r["node_id"], r["group_name"], r["partition_id"])
-        if key not in latest or (r["report_seq"] or 0) >= (latest[key]["report_seq"] or 0):
-            latest[key] = dict(r)
-    return Stored(
-        nodes={r["node_id"]: dict(r) for r in nodes}, groups=by_group, alive=frozenset(alive),
-        draining=frozenset(draining), running=frozenset((set(by_group) | started) - stopped),
-        has_events=bool(ordered), max_event_seq=max((e["event_seq"] or 0 for e in ordered), default=0),
-        reports=latest, max_report_seq=max((r["report_seq"] or 0 for r in reports), default=0))
-
-
-def read_stored(warehouse: Warehouse) -> Stored:
-    """:func:`stored_of` the warehouse's input tables as they are now (creating the missing ones). The reports are
-    reduced to the latest per copy in Spark (one job): the table keeps every collect's changes."""
-    warehouse.create_tables(list(INPUT_TABLES))
-    return stored_of(warehouse.read_arrow("nodes").to_pylist(), warehouse.read_arrow("cache_groups").to_pylist(),
-                     warehouse.read_arrow("topology_events").to_pylist(), warehouse.latest_reports().to_pylist())
 
 
 def collect(warehouse: Warehouse, bootstrap: str, *, timeout_s: float = 15.0, include_internal: bool = True,
@@ -298,21 +200,6 @@ def record(warehouse: Warehouse, snapshot: ClusterSnapshot, now: datetime | None
     Raises:
         CollectError: the cluster cannot be collected as it is (one sentence); nothing was written.
     """
-    rows = desired_rows(snapshot, read_stored(warehouse), now or datetime.now(UTC))
-    appended = {}
-    for name in ("nodes", "cache_groups", "topology_events", "partition_reports"):
-        batch = getattr(rows, name)
-        appended[name] = len(batch)
-        if not batch:
-            continue
-        extra = COLLECTED_COLUMNS.get(name, ())
-        if extra:
-            warehouse.add_columns(name, extra)
-        schema = to_arrow_schema(StructType([*INPUT_TABLES[name].fields, *extra]), timezone="UTC")
-        table = pa.Table.from_pylist(batch, schema=schema)
-        if name in _UPSERTED:  # one row per broker or topic, kept current
-            warehouse.merge_arrow(name, table, [_UPSERTED[name]])
-        else:
-            warehouse.append_arrow(name, table)
+    appended = write(warehouse, desired_rows(snapshot, read_stored(warehouse), now or datetime.now(UTC)))
     return CollectResult(snapshot.cluster_id, len(snapshot.brokers), len(snapshot.topics),
                          sum(len(p) for p in snapshot.topics.values()), appended)

@@ -962,11 +962,14 @@ class Warehouse(abc.ABC):
 
     def _frame(self, rows: pa.Table, name: str) -> DataFrame:
         """Driver rows as a DataFrame of the table's declared schema. An empty Arrow table may hold no chunk at all
-        (delta-rs reads give such tables), which pyspark's Arrow conversion refuses: it gets an empty frame."""
+        (delta-rs reads give such tables), which pyspark's Arrow conversion refuses: it gets an empty frame. The
+        extra columns a collector writes (:data:`rebalancer.tables.COLLECTED_COLUMNS`) come along when present."""
         session = self._driver_rows_session(rows.num_rows)
+        extra = [f for f in tables.COLLECTED_COLUMNS.get(name, ()) if f.name in rows.column_names]
+        schema = StructType([*tables.SCHEMAS[name].fields, *extra]) if extra else tables.SCHEMAS[name]
         if rows.num_rows == 0:
-            return session.createDataFrame([], tables.SCHEMAS[name])
-        return session.createDataFrame(rows, schema=tables.SCHEMAS[name])
+            return session.createDataFrame([], schema)
+        return session.createDataFrame(rows.select(schema.names), schema=schema)
 
     def _driver_rows_session(self, rows: int) -> SparkSession:
         """The session ``rows`` driver rows become a DataFrame in (and are committed from): the caller's."""

@@ -14,6 +14,7 @@ from tests.interop import harness
 from tests.interop.hazelcast_compare import benchmark_script, classify, compare, data_layout
 
 pytestmark = [
+    pytest.mark.slow,  # real Hazelcast JVMs: CI runs them with `make interop-slow`, beside the slow ones
     pytest.mark.skipif(harness.missing_tools() is not None, reason=str(harness.missing_tools())),
 ]
 

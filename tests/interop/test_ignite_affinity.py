@@ -20,6 +20,7 @@ from rebalancer.client import assign, partition_of
 from tests.interop import harness
 
 pytestmark = [
+    pytest.mark.slow,  # a real Ignite JVM: CI runs it with `make interop-slow`, beside the slow ones
     pytest.mark.skipif(harness.missing_tools() is not None, reason=str(harness.missing_tools())),
 ]
 
