@@ -57,12 +57,12 @@ kafka-slow: $(STAMP)
 # A live Apache Ignite 2.17 cluster (server nodes in one JVM, thin-client ports on loopback; the jars from Maven
 # Central into .cache/m2) collected through its public interfaces and exchanged, each step held against what Ignite
 # itself holds (docs/IGNITE.md; needs java and mvn). CI runs it; `make test` runs the pure collector tests. Then the
-# steady cluster, a kill and the persistent baseline once more on delta-spark (the collector's extra columns, its
+# steady cluster and the persistent baseline once more on delta-spark (the collector's extra columns, its
 # upserts). About 6 minutes on 2 cores.
 ignite-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow tests/ignite --durations=10
 	REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q -m slow tests/ignite/test_ignite_live.py \
-		-k "steady or killed or baseline_node" --durations=5
+		-k "steady or baseline_node" --durations=5
 
 # The delta-spark engine, for real (CI runs it after `make test`): the storage contract, the exchange scenarios with
 # their exact tables, the crash points and the concurrency tests once more with the Delta jars in the suite's
