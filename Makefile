@@ -76,7 +76,7 @@ DELTA_SPARK_TIER := tests/test_storage.py tests/test_exchange_job.py tests/test_
 	tests/test_delta_spark.py::test_a_warehouse_crossing_engines_rs_spark_rs_commits_what_one_engine_commits \
 	tests/test_generate.py::test_generating_into_a_used_warehouse_replaces_its_inputs_and_empties_its_outputs
 storage-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow tests/test_delta_spark.py --durations=5
+	$(PY) -m pytest -q $(XDIST) -m slow tests/test_delta_spark.py --durations=5
 	REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q $(XDIST) $(DELTA_SPARK_TIER) --durations=10
 	REBALANCER_TEST_ENGINE=delta-spark REBALANCER_TEST_DRIVER_READER=off $(PY) -m pytest -q $(XDIST) \
 		tests/test_storage.py tests/test_exchange_job.py --durations=5

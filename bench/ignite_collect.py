@@ -27,6 +27,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.repo import select_one_seconds  # noqa: E402
 from rebalancer.config import Settings  # noqa: E402
 from rebalancer.ignite import read as ignite_read  # noqa: E402
 from rebalancer.ignite.collect import collect  # noqa: E402
@@ -34,14 +35,6 @@ from rebalancer.session import get_spark  # noqa: E402
 from rebalancer.storage import open_warehouse  # noqa: E402
 from tests.ignite.cluster import IgniteCluster  # noqa: E402
 from tests.ignite.live import control_prefix  # noqa: E402
-
-
-def select_one_seconds() -> float:
-    with tempfile.TemporaryDirectory() as tmp:
-        started = time.monotonic()
-        subprocess.run([str(REPO / ".venv" / "bin" / "rebalancer"), "--warehouse", tmp, "sql", "SELECT 1"],
-                       check=True, capture_output=True, cwd=REPO)
-        return round(time.monotonic() - started, 1)
 
 
 class _Counted:

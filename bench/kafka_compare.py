@@ -39,6 +39,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.repo import select_one_seconds  # noqa: E402
 from tests.kafka.cluster import JVM, KafkaCluster, classpath, missing_tools  # noqa: E402
 from tests.kafka.live import admin, describe, records, wait_fenced, wait_until, warehouse  # noqa: E402
 
@@ -418,15 +419,6 @@ def one_cluster(scenario: str, planner: str, args: argparse.Namespace, folder: P
 
 
 # ---------------------------------------------------------------- reporting
-
-
-def select_one_seconds() -> float:
-    """Wall time of one ``rebalancer sql "SELECT 1"`` process on an empty warehouse: the machine's speed."""
-    with tempfile.TemporaryDirectory() as tmp:
-        started = time.monotonic()
-        subprocess.run([str(REPO / ".venv" / "bin" / "rebalancer"), "--warehouse", tmp, "sql", "SELECT 1"],
-                       check=True, capture_output=True, cwd=REPO)
-        return round(time.monotonic() - started, 1)
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,3 +33,13 @@ def measured_code() -> dict[str, Any]:
     if tree != REPO:
         code["rebalancer_from"] = str(tree)
     return code
+
+
+def select_one_seconds() -> float:
+    """Wall time of one ``rebalancer sql "SELECT 1"`` process on an empty warehouse: the machine's speed, quoted
+    beside a benchmark's figures so that they are read as ratios."""
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.monotonic()
+        subprocess.run([str(REPO / ".venv" / "bin" / "rebalancer"), "--warehouse", tmp, "sql", "SELECT 1"],
+                       check=True, capture_output=True, cwd=REPO)
+        return round(time.monotonic() - started, 1)

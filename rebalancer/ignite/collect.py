@@ -57,10 +57,13 @@ from rebalancer.vocabulary import (
     CLUSTER_DEACTIVATED,
     EVICTED,
     IGNITE_AFFINITY,
+    LOSS_POLICIES,
     LOST,
+    MODES,
     NODE_JOINED,
     NODE_LEFT,
     OWNING,
+    REPLICATED,
     RESET_LOST_PARTITIONS,
 )
 
@@ -68,8 +71,6 @@ __all__ = ["CollectResult", "CounterConflict", "Desired", "Mapping", "collect", 
            "mapping_of", "record", "snapshot_of", "system_group"]
 
 _REPORT_FIELDS = ("state", "update_counter", "size", "bytes", IS_PRIMARY)
-_LOSS_POLICIES = ("READ_ONLY_SAFE", "READ_WRITE_SAFE", "IGNORE")
-_MODES = ("PARTITIONED", "REPLICATED")
 _ALL_NODES = ("IgniteAllNodesPredicate", "CacheConfiguration$IgniteAllNodesPredicate")
 _ATTRIBUTE_FILTER = "ClusterNodeAttributeAffinityBackupFilter"
 
@@ -132,7 +133,7 @@ def group_row(group: IgniteGroup, mapping: Mapping) -> tuple[dict[str, Any] | No
     """A group's ``cache_groups`` row, or why it cannot be collected (one sentence)."""
     affinity = parse_affinity(group.affinity)
     name = group.name
-    if group.mode not in _MODES:
+    if group.mode not in MODES:
         return None, f"cache group {name!r} is {group.mode}; only PARTITIONED and REPLICATED groups are modelled"
     if affinity.function != "RendezvousAffinityFunction":
         return None, (f"cache group {name!r} uses {affinity.function}; the engine models Ignite's "
@@ -153,13 +154,14 @@ def group_row(group: IgniteGroup, mapping: Mapping) -> tuple[dict[str, Any] | No
         if not backup_filter:
             return None, (f"cache group {name!r} has a {_ATTRIBUTE_FILTER} whose attributes Ignite's views do not "
                           f"show; name them in [ignite.backup_filters] ({name} = [\"...\"]) to collect it")
-    if group.loss_policy not in _LOSS_POLICIES:
+    if group.loss_policy not in LOSS_POLICIES:
         return None, f"cache group {name!r} has the loss policy {group.loss_policy}, which the engine does not model"
-    replicated = group.mode == "REPLICATED"
+    replicated = group.mode == REPLICATED
     return {"group_name": name, "partitions": affinity.partitions or group.partitions,
             "backups": 0 if replicated else group.backups, "mode": group.mode, "affinity": IGNITE_AFFINITY,
             "exclude_neighbors": affinity.exclude_neighbors, "backup_filter": backup_filter,
-            "loss_policy": group.loss_policy, "persistent": group.persistent if group.persistent is not None else False,
+            # persistence unknown (no metrics view): in memory, the default of a data region
+            "loss_policy": group.loss_policy, "persistent": bool(group.persistent),
             "partitioner": IGNITE_AFFINITY}, None
 
 

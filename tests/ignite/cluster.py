@@ -19,33 +19,21 @@ Tests skip with :func:`tests.interop.harness.missing_tools`'s sentence when ``ja
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import queue
-import random
-import socket
 import subprocess
 import threading
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from tests.interop.harness import M2, REPO, HarnessError, ignite_jvm_options
+from tests.interop.harness import REPO, HarnessError, build_classpath, free_base, ignite_jvm_options
 
 MODULE = REPO / "interop" / "ignite-live"
-TARGET = MODULE / "target"
-CLASSES = TARGET / "classes"
-CLASSPATH_FILE = TARGET / "classpath.txt"
 MAIN = "rebalancer.interop.live.IgniteLiveCluster"
 CONTROL_MAIN = "org.apache.ignite.internal.commandline.CommandHandler"  # control.sh's main class in 2.17
-# Port bases tried: discovery base..+19, communication base+50..+69, thin client base+100..+119 (the Java side).
-PORT_LOW, PORT_HIGH, PORT_SPAN = 47500, 49400, 120
-
-
-def _sources_mtime() -> float:
-    files = [MODULE / "pom.xml", *MODULE.joinpath("src").rglob("*.java")]
-    return max(f.stat().st_mtime for f in files)
+# Ports from the base: discovery base..+19, communication base+50..+69, thin client base+100..+119 (the Java side).
+PORT_SPAN = 120
 
 
 def classpath() -> str:
@@ -54,35 +42,7 @@ def classpath() -> str:
     Raises:
         HarnessError: Maven failed (offline with a cold cache falls back to online once).
     """
-    TARGET.mkdir(parents=True, exist_ok=True)
-    with open(TARGET / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        fresh = CLASSPATH_FILE.exists() and CLASSES.exists() and CLASSPATH_FILE.stat().st_mtime >= _sources_mtime()
-        if not fresh:
-            goals = ["compile", "dependency:build-classpath", f"-Dmdep.outputFile={CLASSPATH_FILE}"]
-            base = ["mvn", "-q", "-B", f"-Dmaven.repo.local={M2}", "-f", str(MODULE / "pom.xml"), *goals]
-            offline = subprocess.run([*base[:1], "-o", *base[1:]], capture_output=True, text=True)
-            if offline.returncode != 0:
-                online = subprocess.run(base, capture_output=True, text=True)
-                if online.returncode != 0:
-                    raise HarnessError(f"{' '.join(base)} failed:\n{online.stdout[-3000:]}{online.stderr[-3000:]}")
-            CLASSPATH_FILE.touch()
-    return f"{CLASSES}{os.pathsep}{CLASSPATH_FILE.read_text().strip()}"
-
-
-def _free_base() -> int:
-    """A port base whose whole span is free on 127.0.0.1 (random start, so concurrent runs rarely collide)."""
-    bases = list(range(PORT_LOW, PORT_HIGH, PORT_SPAN))
-    random.shuffle(bases)
-    for base in bases:
-        try:
-            for port in range(base, base + PORT_SPAN):
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise HarnessError(f"no free port range of {PORT_SPAN} between {PORT_LOW} and {PORT_HIGH} on 127.0.0.1")
+    return build_classpath(MODULE)
 
 
 def _java_options(heap: str) -> list[str]:
@@ -111,7 +71,7 @@ class IgniteCluster:
         self.log_path = self.workdir / "ignite-live.log"
         self.last: dict[str, Any] = {}
         self._cp = classpath()
-        self.base_port = _free_base()
+        self.base_port = free_base(PORT_SPAN)
         cmd = ["java", *_java_options(heap), "-cp", self._cp, MAIN, str(self.base_port), str(self.workdir / "work")]
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in close()
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,

@@ -85,12 +85,17 @@ def test_a_join_shows_moving_copies_and_temporary_primaries_then_the_switch(
     assert switched["groups"]["orders"]["late"] == switched["groups"]["orders"]["ideal"]
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["in-memory", "persistent"])
 def test_a_killed_node_promotes_backups_then_its_copies_are_rebuilt(
-        spark: Any, cluster: IgniteCluster, tmp_path: Path) -> None:
-    start(cluster, "n1", "n2", "n3", "n4")
+        spark: Any, cluster: IgniteCluster, tmp_path: Path, persistent: bool) -> None:
+    for n in ("n1", "n2", "n3", "n4"):
+        cluster.step({"op": "start", "node": n, "persistence": persistent, "attributes": {"zone": ZONES[n]}})
+    if persistent:
+        cluster.step({"op": "activate"})
     cluster.step({"op": "start_cache", "name": "orders", "partitions": 64, "backups": 1, "rebalance_delay": -1})
     dump = cluster.step({"op": "put", "cache": "orders", "keys": 500})
-    collector = Collector(spark, cluster, tmp_path / "w")
+    # a persistent cluster keeps its baseline (Ignite's default there): the killed node's copies wait for it
+    collector = Collector(spark, cluster, tmp_path / "w", {"baseline": {"auto_adjust": not persistent}})
     agree(collector, dump)
     killed = cluster.step({"op": "kill", "node": "n2"})
     agree(collector, killed)

@@ -28,8 +28,6 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 INTEROP = REPO / "interop"
 M2 = Path(os.environ.get("REBALANCER_INTEROP_M2", REPO / ".cache" / "m2"))
-CLASSES = INTEROP / "target" / "classes"
-CLASSPATH_FILE = INTEROP / "target" / "classpath.txt"
 IGNITE_MAIN = "rebalancer.interop.IgniteHarness"
 HAZELCAST_MAIN = "rebalancer.interop.HazelcastHarness"
 # Port ranges tried for the harness JVMs: discovery/member ports base..base+19, Ignite communication base+50..+69.
@@ -49,51 +47,55 @@ def missing_tools() -> str | None:
     return f"interop tests skipped: {names} not found on the PATH (real Ignite and Hazelcast need Java 17 and Maven)"
 
 
-def _sources_mtime() -> float:
-    files = [INTEROP / "pom.xml", *INTEROP.joinpath("src").rglob("*.java")]
-    return max(f.stat().st_mtime for f in files)
-
-
-def classpath() -> str:
-    """The harness classpath (classes + dependency jars), building ``interop/`` first when it is stale.
+def build_classpath(module: Path) -> str:
+    """The classpath (classes + dependency jars) of the Maven module at ``module``, building it first when stale:
+    ``mvn -o`` when the jars are cached in ``.cache/m2``, else online from Maven Central, under a file lock so that
+    parallel test workers build once.
 
     Raises:
         HarnessError: Maven failed (offline with a cold cache falls back to online once).
     """
-    CLASSPATH_FILE.parent.mkdir(parents=True, exist_ok=True)
-    with open(INTEROP / "target" / ".build.lock", "w") as lock:
+    target = module / "target"
+    classes, listing = target / "classes", target / "classpath.txt"
+    target.mkdir(parents=True, exist_ok=True)
+    with open(target / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        fresh = CLASSPATH_FILE.exists() and CLASSES.exists() and CLASSPATH_FILE.stat().st_mtime >= _sources_mtime()
-        if not fresh:
-            goals = ["compile", "dependency:build-classpath", f"-Dmdep.outputFile={CLASSPATH_FILE}"]
-            base = ["mvn", "-q", "-B", f"-Dmaven.repo.local={M2}", "-f", str(INTEROP / "pom.xml"), *goals]
+        newest = max(f.stat().st_mtime for f in [module / "pom.xml", *module.joinpath("src").rglob("*.java")])
+        if not (listing.exists() and classes.exists() and listing.stat().st_mtime >= newest):
+            goals = ["compile", "dependency:build-classpath", f"-Dmdep.outputFile={listing}"]
+            base = ["mvn", "-q", "-B", f"-Dmaven.repo.local={M2}", "-f", str(module / "pom.xml"), *goals]
             offline = subprocess.run([*base[:1], "-o", *base[1:]], capture_output=True, text=True)
             if offline.returncode != 0:
                 online = subprocess.run(base, capture_output=True, text=True)
                 if online.returncode != 0:
                     raise HarnessError(f"{' '.join(base)} failed:\n{online.stdout[-3000:]}{online.stderr[-3000:]}")
-            CLASSPATH_FILE.touch()
-    return f"{CLASSES}{os.pathsep}{CLASSPATH_FILE.read_text().strip()}"
+            listing.touch()
+    return f"{classes}{os.pathsep}{listing.read_text().strip()}"
 
 
-def _free_base() -> int:
-    """A port base whose whole span is free on 127.0.0.1 (random start, so concurrent runs rarely collide)."""
-    bases = list(range(PORT_LOW, PORT_HIGH, PORT_SPAN))
+def classpath() -> str:
+    """The harness classpath of ``interop/`` (:func:`build_classpath`)."""
+    return build_classpath(INTEROP)
+
+
+def free_base(span: int = PORT_SPAN) -> int:
+    """A port base whose ``span`` ports are all free on 127.0.0.1 (random start, so concurrent runs rarely collide)."""
+    bases = list(range(PORT_LOW, PORT_HIGH, span))
     random.shuffle(bases)
     for base in bases:
         try:
-            for port in range(base, base + PORT_SPAN):
+            for port in range(base, base + span):
                 with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                     s.bind(("127.0.0.1", port))
         except OSError:
             continue
         return base
-    raise HarnessError(f"no free port range of {PORT_SPAN} between {PORT_LOW} and {PORT_HIGH} on 127.0.0.1")
+    raise HarnessError(f"no free port range of {span} between {PORT_LOW} and {PORT_HIGH} on 127.0.0.1")
 
 
 def _jvm(main: str, script: dict[str, Any], workdir: Path, jvm_options: list[str], timeout_s: float) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
-    script = {"base_port": _free_base(), "work_dir": str(workdir / "work"), **script}
+    script = {"base_port": free_base(), "work_dir": str(workdir / "work"), **script}
     script_path, out_path, log_path = workdir / "script.json", workdir / "out.json", workdir / "jvm.log"
     script_path.write_text(json.dumps(script))
     cmd = ["java", *jvm_options, "-cp", classpath(), main, str(script_path), str(out_path)]
