@@ -267,6 +267,11 @@ def test_the_cli_collects_a_live_cluster_and_says_in_one_sentence_when_it_cannot
                           text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "2 servers, 0 clients, 1 cache groups, 16 partitions; appended" in done.stdout, done.stdout
+    # the spark-submit entry on the same warehouse: the cluster did not change, nothing is written
+    job = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[2] / "jobs" / "ignite.py"), "collect",
+                          "--host", host, "--port", str(port), "--warehouse", str(tmp_path / "w"), "--conf", str(conf)],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert job.returncode == 0 and "appended nothing (unchanged)" in job.stdout, job.stdout + job.stderr[-2000:]
     refused = subprocess.run([*cli, "ignite", "collect", "--port", "1"], capture_output=True, text=True,
                              timeout=300, env=env)
     assert refused.returncode == 1 and refused.stderr.strip().count("\n") == 0, refused.stderr
