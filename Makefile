@@ -23,9 +23,11 @@ demo: $(STAMP)
 	$(VENV)/bin/rebalancer demo
 
 # Test workers: each runs its own local[2] Spark session. Spark jobs on the suite's tiny frames wait mostly on
-# the driver (scheduling, py4j round trips), so three workers on two cores finish much sooner than one.
+# the driver (scheduling, py4j round trips), so three workers on two cores finish much sooner than one. A module's
+# tests stay on one worker (loadscope), so its module-scoped warehouses are built once, not once per worker: 7m38s
+# against 8m45s, and a quarter less CPU, on 2026-11-28 (four workers: 7m42s).
 TEST_WORKERS ?= 3
-XDIST := -n $(TEST_WORKERS)
+XDIST := -n $(TEST_WORKERS) --dist loadscope
 
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
@@ -76,7 +78,7 @@ DELTA_SPARK_TIER := tests/test_storage.py tests/test_exchange_job.py tests/test_
 	tests/test_delta_spark.py::test_a_warehouse_crossing_engines_rs_spark_rs_commits_what_one_engine_commits \
 	tests/test_generate.py::test_generating_into_a_used_warehouse_replaces_its_inputs_and_empties_its_outputs
 storage-slow: $(STAMP)
-	$(PY) -m pytest -q $(XDIST) -m slow tests/test_delta_spark.py --durations=5
+	$(PY) -m pytest -q -n 2 -m slow tests/test_delta_spark.py --durations=5  # the story beside the vacuum test
 	REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q $(XDIST) $(DELTA_SPARK_TIER) --durations=10
 	REBALANCER_TEST_ENGINE=delta-spark REBALANCER_TEST_DRIVER_READER=off $(PY) -m pytest -q $(XDIST) \
 		tests/test_storage.py tests/test_exchange_job.py --durations=5
