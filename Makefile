@@ -23,18 +23,19 @@ demo: $(STAMP)
 	$(VENV)/bin/rebalancer demo
 
 # Test workers: each runs its own local[2] Spark session. Spark jobs on the suite's tiny frames wait mostly on
-# the driver (scheduling, py4j round trips), so three workers on two cores finish much sooner than one. A module's
-# tests stay on one worker (loadscope), so its module-scoped warehouses are built once, not once per worker: 7m38s
-# against 8m45s, and a quarter less CPU, on 2026-11-28 (four workers: 7m42s).
+# the driver (scheduling, py4j round trips), so three workers on two cores finish much sooner than one. In `make
+# test` a module's tests stay on one worker (loadscope), so its module-scoped warehouses are built once, not once per
+# worker: 7m38s against 8m45s, and a quarter less CPU, on 2026-11-28 (four workers: 7m42s). The tiers that run one
+# or two modules spread their tests over the workers.
 TEST_WORKERS ?= 3
-XDIST := -n $(TEST_WORKERS) --dist loadscope
+XDIST := -n $(TEST_WORKERS)
 
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q $(XDIST) --durations=15
+	$(PY) -m pytest -q $(XDIST) --dist loadscope --durations=15
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q $(XDIST) -m ""
+	$(PY) -m pytest -q $(XDIST) --dist loadscope -m ""
 
 # Real Apache Ignite 2.x and Hazelcast 5.x against rebalancer (docs/INTEROP.md; needs java and mvn: the jars come from
 # Maven Central once, into .cache/m2). Every test that starts their JVMs is slow: `make interop-slow` (CI) runs them.
