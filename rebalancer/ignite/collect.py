@@ -309,7 +309,7 @@ def snapshot_of(settings: IgniteSettings, host: str | None = None, port: int | N
     """The cluster at ``host:port`` (default ``[ignite] host``, ``port``) as it is now; no warehouse needed (the CLI
     reads the cluster before it starts Spark: an unreachable cluster fails in seconds)."""
     return read_cluster(host or settings.host, port or settings.port, control=settings.control,
-                        timeout_s=settings.client_timeout_s)
+                        timeout_s=settings.client_timeout_s, attributes=mapping_of(settings).kept_attributes)
 
 
 def collect(warehouse: Warehouse, settings: IgniteSettings, host: str | None = None, port: int | None = None,

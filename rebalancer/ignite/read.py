@@ -21,7 +21,7 @@ import csv
 import logging
 import re
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -51,7 +51,7 @@ class IgniteNode:
     order: int  # the topology version the node joined at
     is_client: bool
     version: str
-    attributes: dict[str, str]  # every attribute the node publishes (user attributes among them)
+    attributes: dict[str, str]  # the attributes asked for (the MACs and the named ones) that the node publishes
 
 
 @dataclass(frozen=True)
@@ -180,10 +180,13 @@ def _query(client: Any, sql: str) -> list[dict[str, Any]]:
         return [dict(zip(names, r, strict=True)) for r in rows]
 
 
-def read_cluster(host: str, port: int, *, control: Sequence[str], timeout_s: float = 15.0) -> IgniteSnapshot:
+def read_cluster(host: str, port: int, *, control: Sequence[str], timeout_s: float = 15.0,
+                 attributes: Iterable[str] = ()) -> IgniteSnapshot:
     """The cluster behind the thin-client port ``host:port`` as it is now.
 
     Args:
+        attributes: the node attributes to read besides the MACs (the view also holds every environment variable
+            and JVM property of each node: only these names are asked for).
         control: the control utility's command (``control.sh`` of the Ignite distribution, or ``java -cp ...
             CommandHandler``); ``--host``, ``--port`` and the command's arguments are appended.
 
@@ -201,11 +204,12 @@ def read_cluster(host: str, port: int, *, control: Sequence[str], timeout_s: flo
                 f"collector needs Ignite 2.x with the ignite-indexing module (or another query engine) on the "
                 f"nodes") from e
         require_2x([str(r["VERSION"]) for r in node_rows], f"{host}:{port}")
-        attributes: dict[str, dict[str, str]] = {}
-        for r in _query(client, "SELECT NODE_ID, NAME, VALUE FROM NODE_ATTRIBUTES"):
-            attributes.setdefault(str(r["NODE_ID"]), {})[str(r["NAME"])] = "" if r["VALUE"] is None else str(r["VALUE"])
+        by_node: dict[str, dict[str, str]] = {}
+        names = ", ".join("'" + name.replace("'", "''") + "'" for name in sorted({MACS, *attributes}))
+        for r in _query(client, f"SELECT NODE_ID, NAME, VALUE FROM NODE_ATTRIBUTES WHERE NAME IN ({names})"):
+            by_node.setdefault(str(r["NODE_ID"]), {})[str(r["NAME"])] = "" if r["VALUE"] is None else str(r["VALUE"])
         nodes = tuple(IgniteNode(str(r["NODE_ID"]), str(r["CONSISTENT_ID"]), int(r["NODE_ORDER"]),
-                                 bool(r["IS_CLIENT"]), str(r["VERSION"]), attributes.get(str(r["NODE_ID"]), {}))
+                                 bool(r["IS_CLIENT"]), str(r["VERSION"]), by_node.get(str(r["NODE_ID"]), {}))
                       for r in node_rows)
         baseline_rows = _query(client, "SELECT CONSISTENT_ID FROM BASELINE_NODES")
         persistence = _persistent_regions(client)
