@@ -140,7 +140,7 @@ def read_stored(warehouse: Warehouse) -> Stored:
     reduced to the latest per copy in Spark (one job): the table keeps every collect's changes. Nodes and reports
     come with the collectors' extra columns (:data:`rebalancer.tables.COLLECTED_COLUMNS`)."""
     warehouse.create_tables(list(INPUT_TABLES))
-    return stored_of(warehouse.read_raw("nodes").toArrow().to_pylist(),
+    return stored_of(warehouse.read_stored_arrow("nodes").to_pylist(),
                      warehouse.read_arrow("cache_groups").to_pylist(),
                      warehouse.read_arrow("topology_events").to_pylist(), warehouse.latest_reports().to_pylist())
 

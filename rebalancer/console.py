@@ -174,16 +174,21 @@ def print_what_if(run: Any, top: int) -> None:
                   f"committed. All rows: rebalancer sql \"SELECT * FROM what_if WHERE run_id = '{run.run_id}'\"")
 
 
+def _appended(result: Any) -> str:
+    """What a collect appended, per table, or that it appended nothing."""
+    return ", ".join(f"{n} {name}" for name, n in result.appended.items() if n) or "nothing (unchanged)"
+
+
 def print_collect(result: Any) -> None:
     """One line per collect of a live cluster: what it saw and what it appended."""
-    appended = ", ".join(f"{n} {name}" for name, n in result.appended.items() if n) or "nothing (unchanged)"
+    appended = _appended(result)
     console.print(f"cluster {result.cluster_id}: {result.brokers} brokers, {result.topics} topics, "
                   f"{result.partitions} partitions; appended {appended}")
 
 
 def print_ignite_collect(result: Any) -> None:
     """One line per collect of a live Ignite cluster, then one per group it skipped and why."""
-    appended = ", ".join(f"{n} {name}" for name, n in result.appended.items() if n) or "nothing (unchanged)"
+    appended = _appended(result)
     console.print(f"{result.cluster_id}: {result.servers} servers, {result.clients} clients, {result.groups} cache "
                   f"groups, {result.partitions} partitions; appended {appended}", markup=False)
     for why in result.skipped.values():

@@ -38,11 +38,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from rebalancer.collecting import Collected, Stored, differs, read_stored, record_rejections, write
 from rebalancer.config import IgniteSettings
@@ -190,7 +191,7 @@ def desired_rows(snapshot: IgniteSnapshot, stored: Stored, mapping: Mapping, now
         row, why = group_row(group, mapping)
         if row is None:
             skipped[group.name] = str(why)
-            views[group.name] = {k: getattr(group, k) for k in group.__dataclass_fields__}
+            views[group.name] = asdict(group)
         else:
             groups[group.name] = row
     group_rows = [row for name, row in groups.items() if differs(stored.groups.get(name), row)]
@@ -289,10 +290,9 @@ def record(warehouse: Warehouse, snapshot: IgniteSnapshot, mapping: Mapping, whe
     rejected = [{"table_name": "cache_groups", "row_json": json.dumps(desired.group_rows[g], sort_keys=True),
                  "reason": why, "exchange_id": None} for g, why in sorted(desired.skipped.items())]
     if rejected:
-        schema = pa.schema([(f.name, pa.string() if f.name != "exchange_id" else pa.int64())
-                            for f in REJECTED_ROWS.fields])
         warehouse.create_tables(["rejected_rows"])
-        appended["rejected_rows"] = record_rejections(warehouse, pa.Table.from_pylist(rejected, schema=schema))
+        appended["rejected_rows"] = record_rejections(
+            warehouse, pa.Table.from_pylist(rejected, schema=to_arrow_schema(REJECTED_ROWS)))
     servers = [n for n in snapshot.nodes if not n.is_client]
     return CollectResult(f"Ignite {snapshot.version.split('#', 1)[0]} at {where}", len(servers),
                          len(snapshot.nodes) - len(servers), len(desired.collected), sum(desired.collected.values()),

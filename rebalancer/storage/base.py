@@ -864,6 +864,16 @@ class Warehouse(abc.ABC):
         """
         return self.read(name, version=version, where=where).toArrow()
 
+    def read_stored_arrow(self, name: str) -> pa.Table:
+        """A small table on the driver as stored: every column, the extra ones collectors add too
+        (:data:`rebalancer.tables.COLLECTED_COLUMNS`), with their stored types. The delta-rs engine reads the files
+        directly (no Spark job).
+
+        Raises:
+            TableNotFoundError: the table does not exist.
+        """
+        return self.read_raw(name).toArrow()
+
     def changes(self, name: str, since: int | None) -> TableChanges:
         """The rows committed to ``name`` after Delta version ``since`` (every row when ``since`` is None).
 

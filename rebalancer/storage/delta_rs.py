@@ -325,10 +325,19 @@ class DeltaRsWarehouse(Warehouse):
         self, name: str, where: Mapping[str, WhereValue] | None = None, version: int | None = None
     ) -> pa.Table:
         snapshot = self._open(name, version)
+        declared = tables.SCHEMAS.get(name)
+        return self._arrow_of(snapshot, name, declared if declared is not None else _stored_schema(snapshot), where)
+
+    def read_stored_arrow(self, name: str) -> pa.Table:
+        snapshot = self._open(name)
+        return self._arrow_of(snapshot, name, _stored_schema(snapshot), None)
+
+    def _arrow_of(self, snapshot: DeltaTable, name: str, columns: StructType,
+                  where: Mapping[str, WhereValue] | None) -> pa.Table:
+        """The snapshot's rows (those ``where`` may match) with ``columns``, read on the driver."""
         _check_readable(snapshot, name)
         files = [f.local for f in self._files(snapshot) if not where or file_may_match(f.row, where)]
-        declared = tables.SCHEMAS.get(name)
-        schema = to_arrow_schema(declared if declared is not None else _stored_schema(snapshot), timezone="UTC")
+        schema = to_arrow_schema(columns, timezone="UTC")
         # pyarrow.dataset over the file list (FIELD-NOTES: deltalake's own Arrow readers may abort the process).
         dataset = ds.dataset(files, schema=schema, format="parquet", filesystem=pafs.LocalFileSystem())
         return dataset.to_table(filter=_arrow_where(where) if where else None)
