@@ -18,7 +18,8 @@ def options(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str]) -> None:
     ws, a = Workspace.from_args(argv, "Generate a steady synthetic cluster.", options)
-    counts = generate_into(ws.spark, ws.warehouse, ws.settings, a.nodes, a.groups, a.partitions, a.backups, a.seed)
+    warehouse = ws.new_or_current_warehouse()
+    counts = generate_into(ws.spark, warehouse, ws.settings, a.nodes, a.groups, a.partitions, a.backups, a.seed)
     console.print(f"wrote {counts['nodes']} nodes, {counts['cache_groups']} cache groups, "
                   f"{counts['topology_events']} events and {counts['partition_reports']} partition reports "
                   f"to {ws.warehouse.location}")

@@ -6,12 +6,13 @@
 import sys
 
 from rebalancer.console import console
+from rebalancer.formats import create_warehouse
 from rebalancer.workspace import Workspace
 
 
 def main(argv: list[str]) -> None:
     ws, _ = Workspace.from_args(argv, "Create the missing tables of the warehouse.")
-    created = ws.warehouse.create_tables()
+    created = create_warehouse(ws.any_warehouse())
     console.print(f"created {len(created)} tables in {ws.warehouse.location}: {', '.join(created) or '-'}")
 
 

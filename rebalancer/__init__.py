@@ -3,4 +3,4 @@
 Importing the package imports no Spark: ``rebalancer.client`` and ``rebalancer.hashing`` work without it.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -86,10 +86,12 @@ def _global_options(
 
 @app.command()
 def init(ctx: typer.Context) -> None:
-    """Create every table of the contract that does not exist yet (idempotent)."""
+    """Create a warehouse, or the tables of the contract a current one misses (idempotent)."""
+    from rebalancer.formats import create_warehouse
+
     state = _state(ctx)
     with step("creating tables"):
-        created = state.warehouse.create_tables()
+        created = create_warehouse(state.any_warehouse())
     where = state.warehouse.location
     if created:
         console.print(f"created {len(created)} tables in {where}: {', '.join(created)}")
@@ -117,8 +119,9 @@ def generate(
         raise typer.BadParameter(f"must be one of {', '.join(AFFINITIES)}, got {affinity!r}", param_hint="--affinity")
     state = _state(ctx)
     with step(f"generating {nodes} nodes, {groups} groups x {partitions} partitions, {backups} backups"):
+        warehouse = state.new_or_current_warehouse()
         counts = generate_into(
-            state.spark, state.warehouse, state.settings, nodes, groups, partitions, backups, seed, affinity
+            state.spark, warehouse, state.settings, nodes, groups, partitions, backups, seed, affinity
         )
     console.print(
         f"wrote {counts['nodes']} nodes, {counts['cache_groups']} cache groups, "
@@ -287,8 +290,10 @@ def simulate(
     max_rounds: Annotated[int, typer.Option(help="The most rounds --until-stable runs.")] = 20,
 ) -> None:
     """Execute the committed migration plan in a twin that writes the nodes' reports, running exchanges as due."""
+    from rebalancer.twin.simulate import check_failure_options
     from rebalancer.twin.simulate import simulate as run_twin
 
+    check_failure_options(fail, at_wave)
     state = _state(ctx)
     with step("running the twin"):
         result = run_twin(state.spark, state.warehouse, state.settings, until_stable=until_stable,
@@ -501,6 +506,26 @@ def ignite_collect(
     with step("collecting the cluster"):
         result = collect(state.warehouse, state.settings.ignite, host, port, snapshot=snapshot)
     print_ignite_collect(result)
+
+
+@app.command()
+def upgrade(
+    ctx: typer.Context,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List each change per table; write nothing.")] = False,
+) -> None:
+    """Bring a warehouse written by an earlier release to this release's format (docs/STORAGE.md "Formats").
+
+    Adds what later formats added, losing nothing: time travel still reaches every earlier version. Safe to run
+    again, also after it was interrupted; a current warehouse is left alone.
+    """
+    from rebalancer.upgrade import describe
+    from rebalancer.upgrade import upgrade as upgrade_warehouse
+
+    state = _state(ctx)
+    with step("planning the upgrade" if dry_run else "upgrading"):
+        result = upgrade_warehouse(state.any_warehouse(), state.settings, dry_run=dry_run)
+    for line in describe(result):
+        console.print(line, markup=False)
 
 
 def _log_to_stderr(on: bool) -> None:

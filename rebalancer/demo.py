@@ -30,7 +30,7 @@ def run_demo(state: Workspace, nodes: int, groups: int, partitions: int, backups
              report_dir: Path = Path("report")) -> None:
     """Run the demo, printing each step (see the module docstring)."""
 
-    spark, warehouse, settings = state.spark, state.warehouse, state.settings
+    spark, warehouse, settings = state.spark, state.new_or_current_warehouse(), state.settings
     console.print(f"[bold]rebalancer demo[/bold]: warehouse {warehouse.location} (engine {warehouse.engine})")
     with step(f"generating a steady cluster: {nodes} nodes, {groups} groups x {partitions} partitions, "
               f"{backups} backups"):

@@ -35,7 +35,8 @@ from rebalancer.validation_local import References, bad_reports, bad_small_table
 from rebalancer.vocabulary import COPY_KEY
 
 __all__ = [
-    "Committed", "Inputs", "Reports", "last_committed", "latest_version", "read_as_consumed", "read_inputs",
+    "Committed", "Inputs", "Reports", "cluster_columns", "cluster_of", "last_committed",
+    "latest_version", "read_as_consumed", "read_inputs",
     "record_rejections", "validate_reports",
 ]
 
@@ -84,6 +85,30 @@ def read_as_consumed(warehouse: Warehouse, name: str, exchange: Mapping[str, Any
     return warehouse.read_arrow(name, version=None if version is None else int(version))
 
 
+def cluster_of(row: Mapping[str, Any]) -> ClusterState:
+    """The cluster state an ``exchanges`` row records (:func:`cluster_columns` wrote it)."""
+    baseline = row.get("baseline_nodes")
+    return ClusterState(
+        baseline=frozenset(baseline) if baseline is not None else None,
+        active=row.get("cluster_active") is not False,  # null: active without an activation event (yet)
+        explicit=row.get("cluster_active") is not None,
+        draining=frozenset(row.get("draining_nodes") or []),
+        last_node_event_at=row.get("last_node_event_at"),
+        adjust_due=bool(row.get("baseline_adjust_due")),
+    )
+
+
+def cluster_columns(cluster: ClusterState) -> dict[str, Any]:
+    """The ``exchanges`` columns that record a version's cluster state (the next exchange starts from them)."""
+    return {
+        "baseline_nodes": sorted(cluster.baseline) if cluster.baseline is not None else None,
+        "cluster_active": cluster.active if cluster.explicit else None,
+        "draining_nodes": sorted(cluster.draining),
+        "last_node_event_at": cluster.last_node_event_at,
+        "baseline_adjust_due": cluster.adjust_due,
+    }
+
+
 def last_committed(warehouse: Warehouse) -> Committed | None:
     """The newest committed version (driver-side reads of ``exchanges`` and ``topology``), or None before the first."""
     exchanges = warehouse.read_arrow("exchanges")
@@ -96,17 +121,8 @@ def last_committed(warehouse: Warehouse) -> Committed | None:
         "topology", where={"topology_major": row["topology_major"], "topology_minor": row["topology_minor"]}
     ).to_pylist()
     alive = {t["node_id"]: NodeInfo(int(t["node_order"]), bool(t["is_client"])) for t in topology}
-    baseline = row.get("baseline_nodes")
-    cluster = ClusterState(
-        baseline=frozenset(baseline) if baseline is not None else None,
-        active=row.get("cluster_active") is not False,  # null: active without an activation event (yet)
-        explicit=row.get("cluster_active") is not None,
-        draining=frozenset(row.get("draining_nodes") or []),
-        last_node_event_at=row.get("last_node_event_at"),
-        adjust_due=bool(row.get("baseline_adjust_due")),
-    )
     state = TopologyState(row["topology_major"], row["topology_minor"], alive, frozenset(row["running_groups"] or []),
-                          cluster)
+                          cluster_of(row))
     return Committed(
         exchange_id=row["exchange_id"],
         state=state,

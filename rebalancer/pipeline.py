@@ -81,6 +81,7 @@ from rebalancer.inputs import (
     Committed,
     Inputs,
     Reports,
+    cluster_columns,
     last_committed,
     read_inputs,
     record_rejections,
@@ -1160,11 +1161,7 @@ class _Run:
             "input_versions": list(self._recorded_versions(prev, last).items()),
             "stage_seconds": list(s.stage_seconds.items()), "spark_jobs": s.spark_jobs,
             "stage_jobs": list(s.stage_jobs.items()) if s.spark_jobs is not None else None,
-            "baseline_nodes": sorted(step.cluster.baseline) if step.cluster.baseline is not None else None,
-            "cluster_active": step.cluster.active if step.cluster.explicit else None,
-            "draining_nodes": sorted(step.cluster.draining),
-            "last_node_event_at": step.cluster.last_node_event_at,
-            "baseline_adjust_due": step.cluster.adjust_due,
+            **cluster_columns(step.cluster),
         }
         self.warehouse.insert_absent_arrow("exchanges", pa.Table.from_pylist([row], schema=_arrow(EXCHANGES)),
                                            ["exchange_id"])

@@ -26,10 +26,12 @@ __all__ = [
     "INPUT_TABLES",
     "IN_BASELINE",
     "IS_PRIMARY",
+    "METADATA_TABLES",
     "OUTPUT_TABLES",
     "REPLICA_INDEX",
     "SCHEMAS",
     "VERSION_COLUMNS",
+    "WAREHOUSE_FORMAT",
     "schema_of",
     "version_where",
 ]
@@ -268,7 +270,11 @@ OUTPUT_TABLES: dict[str, StructType] = {
     "rejected_rows": REJECTED_ROWS,
     "what_if": WHAT_IF,
 }
-SCHEMAS: dict[str, StructType] = {**INPUT_TABLES, **OUTPUT_TABLES}
+# The warehouse's own record (docs/STORAGE.md "Formats"): one row per creation or upgrade, the newest format wins.
+# Neither input nor output: `generate` and retention leave it alone.
+WAREHOUSE_FORMAT = _schema(("format", INT), ("release", S), ("written_at", T), ("note", S))
+METADATA_TABLES: dict[str, StructType] = {"warehouse_format": WAREHOUSE_FORMAT}
+SCHEMAS: dict[str, StructType] = {**INPUT_TABLES, **OUTPUT_TABLES, **METADATA_TABLES}
 
 
 def schema_of(name: str) -> StructType:

@@ -27,6 +27,7 @@ class Workspace:
     announce: Callable[[str], None] = field(default=lambda _text: None, repr=False)
     _spark: Any = field(default=None, repr=False)
     _warehouse: Any = field(default=None, repr=False)
+    _checked: bool = field(default=False, repr=False)
 
     @property
     def spark(self) -> Any:
@@ -40,7 +41,33 @@ class Workspace:
 
     @property
     def warehouse(self) -> Any:
-        """The warehouse of ``settings.storage`` (its engine chosen then)."""
+        """The warehouse of ``settings.storage`` (its engine chosen then), checked to be in this release's format.
+
+        Raises:
+            WarehouseFormatError: there is no warehouse at the path, or it is in another format (one sentence;
+                nothing is written).
+        """
+        if not self._checked:
+            from rebalancer.formats import require_current
+
+            require_current(self.any_warehouse())
+            self._checked = True
+        return self.any_warehouse()
+
+    def new_or_current_warehouse(self) -> Any:
+        """The warehouse, created in this release's format when there is none at the path (``init``, ``generate``,
+        ``demo``: the commands that may create one); an existing one must be current, as for :attr:`warehouse`."""
+        if not self._checked:
+            from rebalancer.formats import create_warehouse, stored_format
+
+            warehouse = self.any_warehouse()
+            if stored_format(warehouse) is None:
+                create_warehouse(warehouse)
+                self.announce(f"created a new warehouse at {warehouse.location}")
+        return self.warehouse
+
+    def any_warehouse(self) -> Any:
+        """The warehouse whatever its format, unchecked (``upgrade``)."""
         if self._warehouse is None:
             from rebalancer.storage import engine_reason, open_warehouse
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from rebalancer import pipeline
 from rebalancer.config import Settings
 from rebalancer.operations import generate_into
 from rebalancer.pipeline import STAGES, Meter, run_exchange
@@ -32,8 +33,9 @@ def _jobs(spark: Any) -> list[tuple[str | None, str | None]]:
 
 
 def test_every_spark_job_of_generate_an_exchange_and_a_what_if_is_labelled_with_its_stage(
-    spark: Any, tmp_path: Path
+    spark: Any, tmp_path: Path, monkeypatch: Any
 ) -> None:
+    monkeypatch.setattr(pipeline, "DRIVER_KERNEL_REPLICAS", 0)  # the exchange on the Spark path: jobs to label
     settings = Settings().with_overrides(storage={"warehouse": str(tmp_path / "w"), "engine": "delta-rs"})
     wh = open_warehouse(spark, settings.storage)
     generate_into(spark, wh, settings, nodes=4, groups=1, partitions=16, backups=1, seed=1)

@@ -770,6 +770,14 @@ class Warehouse(abc.ABC):
             TableNotFoundError: the table does not exist.
         """
 
+    @abc.abstractmethod
+    def commit_times(self, name: str) -> dict[int, dt.datetime]:
+        """When each Delta version of table ``name`` was committed (the commit's timestamp, UTC).
+
+        Raises:
+            TableNotFoundError: the table does not exist.
+        """
+
     # ---- reads ----
     @abc.abstractmethod
     def read(
@@ -812,6 +820,15 @@ class Warehouse(abc.ABC):
             UnsupportedTableError: the table uses a feature this engine cannot read correctly.
         """
 
+    def stored_columns(self, name: str) -> list[str]:
+        """The names of the columns table ``name`` stores, read from its Delta log (no data read, no Spark job on
+        the driver-side readers).
+
+        Raises:
+            TableNotFoundError: the table does not exist.
+        """
+        return list(self.read_raw(name).schema.names)
+
     def add_columns(self, name: str, fields: Sequence[StructField]) -> list[str]:
         """Add nullable columns to table ``name`` that it does not store yet: a metadata-only Delta commit (no data
         file is rewritten, the protocol stays reader 1 / writer 2); existing rows read them as null. Input tables
@@ -827,7 +844,7 @@ class Warehouse(abc.ABC):
         Raises:
             TableNotFoundError: the table does not exist.
         """
-        stored = set(self.read_raw(name).schema.names)
+        stored = set(self.stored_columns(name))
         missing = [f for f in fields if f.name not in stored]
         if missing:
             self._add_columns(name, missing)

@@ -301,6 +301,10 @@ class DeltaRsWarehouse(Warehouse):
     def table_version(self, name: str) -> int:
         return self._open(name).version()
 
+    def commit_times(self, name: str) -> dict[int, dt.datetime]:
+        return {int(h["version"]): dt.datetime.fromtimestamp(h["timestamp"] / 1000, dt.UTC)
+                for h in self._open(name).history()}
+
     def _add_columns(self, name: str, fields: Sequence[StructField]) -> None:
         snapshot = self._open_for_write(name)
         # Delta's schema JSON is Spark's StructType JSON: the fields go over as they are declared.
@@ -367,6 +371,9 @@ class DeltaRsWarehouse(Warehouse):
 
     def read_raw(self, name: str) -> DataFrame:
         return self._read_snapshot(self._open(name))
+
+    def stored_columns(self, name: str) -> list[str]:
+        return [f.name for f in self._open(name).schema().fields]
 
     # ---- writes ----
     def append(self, name: str, df: DataFrame) -> None:

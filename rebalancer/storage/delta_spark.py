@@ -23,6 +23,7 @@ points and concurrency tests run on this engine too (``make storage-slow``; docs
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import functools
 import logging
 import posixpath
@@ -396,6 +397,18 @@ class DeltaSparkWarehouse(Warehouse):
         history = self._small_session.sql(f"DESCRIBE HISTORY {self._reference(name)} LIMIT 1")
         [newest] = history.select("version").collect()
         return int(newest[0])
+
+    def stored_columns(self, name: str) -> list[str]:
+        columns = self._on_driver(lambda d: d.stored_columns(name))
+        return columns if columns is not None else super().stored_columns(name)
+
+    def commit_times(self, name: str) -> dict[int, dt.datetime]:
+        times = self._on_driver(lambda d: d.commit_times(name))
+        if times is not None:
+            return times
+        self._require(name)
+        history = self._small_session.sql(f"DESCRIBE HISTORY {self._reference(name)}").select("version", "timestamp")
+        return {int(r["version"]): r["timestamp"].replace(tzinfo=dt.UTC) for r in history.collect()}
 
     # ---- reads ----
     def _load(self, name: str, version: int | None, session: SparkSession | None = None) -> DataFrame:

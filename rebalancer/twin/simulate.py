@@ -49,8 +49,8 @@ from rebalancer.tables import PARTITION_REPORTS, version_where
 from rebalancer.vocabulary import COPY, DROP, EVICTED, MOVING, OWNING, PROMOTE
 
 __all__ = [
-    "Stability", "TwinError", "TwinResult", "TwinRound", "executable_steps", "not_yet_applied", "reports_for",
-    "simulate", "stability",
+    "Stability", "TwinError", "TwinResult", "TwinRound", "check_failure_options", "executable_steps",
+    "not_yet_applied", "reports_for", "simulate", "stability",
 ]
 
 
@@ -283,6 +283,15 @@ def _run_round(
     )
 
 
+def check_failure_options(fail_node: str | None, at_wave: int | None) -> None:
+    """Raise :class:`TwinError` unless ``fail_node`` and ``at_wave`` are given together, ``at_wave`` >= 1 (the
+    CLI checks before it opens the warehouse)."""
+    if (fail_node is None) != (at_wave is None):
+        raise TwinError("--fail NODE and --at-wave K go together")
+    if at_wave is not None and at_wave < 1:
+        raise TwinError(f"--at-wave must be 1 or more, got {at_wave}")
+
+
 def simulate(
     spark: SparkSession,
     warehouse: Warehouse,
@@ -315,10 +324,7 @@ def simulate(
         TwinError: nothing committed yet, or ``fail_node`` and ``at_wave`` not given together, or an unknown or
             dead ``fail_node``.
     """
-    if (fail_node is None) != (at_wave is None):
-        raise TwinError("--fail NODE and --at-wave K go together")
-    if at_wave is not None and at_wave < 1:
-        raise TwinError(f"--at-wave must be 1 or more, got {at_wave}")
+    check_failure_options(fail_node, at_wave)
     if fail_node is not None:
         _check_alive_server(warehouse, fail_node)
     hook = fault_hook or (lambda _point: None)

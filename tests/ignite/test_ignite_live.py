@@ -263,6 +263,7 @@ def test_the_cli_collects_a_live_cluster_and_says_in_one_sentence_when_it_cannot
     conf.write_text(f"[ignite]\ncontrol = {json.dumps(control_prefix(cluster))}\n")
     cli = [sys.executable, "-m", "rebalancer.entry", "--warehouse", str(tmp_path / "w"), "--conf", str(conf)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    subprocess.run([*cli, "init"], capture_output=True, text=True, timeout=300, env=env, check=True)
     done = subprocess.run([*cli, "ignite", "collect", "--host", host, "--port", str(port)], capture_output=True,
                           text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]

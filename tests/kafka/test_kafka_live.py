@@ -161,6 +161,9 @@ def test_the_cli_collects_adopts_and_finds_the_cluster_stable(spark: Any, steady
     create_topics(steady, {"cli-topic": (3, 2)})
     w = str(tmp_path / "w")
     code, out, err = cli(capsys, "--warehouse", w, "kafka", "collect", "--bootstrap", steady.bootstrap)
+    assert code == 1 and "there is no warehouse at" in err  # only init and generate create one
+    assert cli(capsys, "--warehouse", w, "init")[0] == 0
+    code, out, err = cli(capsys, "--warehouse", w, "kafka", "collect", "--bootstrap", steady.bootstrap)
     assert code == 0, err
     assert "3 brokers" in out and "appended 3 nodes" in out, out
     code, out, err = cli(capsys, "--warehouse", w, "kafka", "collect", "--bootstrap", steady.bootstrap)
