@@ -1,15 +1,13 @@
-"""Install-time warm-up: record the JVM classes a rebalancer session loads, so that later sessions start faster, and
-compile the scheduler's event loop for large plans.
+"""Install-time warm-up: record the JVM classes a rebalancer session loads, so that later sessions start faster.
 
 ``make install`` runs ``python -m rebalancer.warmup`` once. It starts a local session whose JVM writes a
 class-data-sharing archive when it exits (``-XX:ArchiveClassesAtExit``, :data:`rebalancer.session.CLASS_ARCHIVE`),
 and runs what a user runs first: generate a small cluster, two exchanges (its first version and a failure), a SQL
 query, on delta-rs and, when the install fetched Delta's jars, on delta-spark. Every later session rebalancer builds
 maps that archive instead of loading and verifying the classes again (docs/PERFORMANCE.md has the measurements).
-Then it compiles the scheduler's loop with numba (:func:`rebalancer.planning.event_loop.compile_ahead`, a few
-minutes; numba caches it), which plans of :data:`~rebalancer.planning.event_loop.COMPILED_FROM_STEPS` steps or more
-run. Nothing here changes results; without the archive sessions just start slower, without the compiled loop the
-first large plan compiles it.
+Nothing here changes results; without the archive sessions just start slower. (The scheduler's loop for plans of
+20,000 steps or more is compiled by ``make compiled``, which the benchmarks run first: minutes once, then cached by
+numba; without it the first large plan compiles it.)
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ from rebalancer import delta_jars
 from rebalancer.config import Settings, SparkSettings
 from rebalancer.operations import generate_into
 from rebalancer.pipeline import run_exchange
-from rebalancer.planning import event_loop
 from rebalancer.producers import append_event
 from rebalancer.session import CLASS_ARCHIVE, get_spark, java_options
 from rebalancer.storage import open_warehouse
@@ -57,11 +54,6 @@ def main() -> None:
     print(f"rebalancer: session warm-up ({', '.join(engines)}) done in {time.perf_counter() - started:.0f} s; the JVM "
           f"records its classes "
           f"in {CLASS_ARCHIVE} as it exits", file=sys.stderr)  # (after this process ends)
-    started = time.perf_counter()
-    if event_loop.compile_ahead():
-        print(f"rebalancer: scheduler loop compiled in {time.perf_counter() - started:.0f} s", file=sys.stderr)
-    else:
-        print("rebalancer: numba is not installed: large plans are scheduled by the Python loop", file=sys.stderr)
 
 
 if __name__ == "__main__":

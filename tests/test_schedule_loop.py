@@ -5,7 +5,9 @@ and compiled for large ones. These tests hold the two to the same schedule, row 
 plans and on a suite plan under both list-scheduling policies, and check which one ``run`` picks. Compiled, the
 loop finds a freed node's waiting pairs by scanning bits where the Python run walks short lists, so the same
 schedules also hold the two ways of finding them to the same pairs. The first compile
-takes minutes; ``make install`` does it once (numba caches it beside the module), so these tests only load it.
+takes minutes; ``make compiled`` does it once (numba caches it beside the module), so these tests only load it:
+they run in CI's ``make scheduler-slow``, after it, not in ``make test`` (every other scheduler test runs the loop
+as Python).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from bench.plans import CHANGES, random_plan, scenario_plan, synthetic_plan
 from rebalancer.planning import event_loop, schedule
 
 pytest.importorskip("numba", reason="the compiled loop needs numba (installed by the [cluster] extra)")
+pytestmark = pytest.mark.slow
 
 
 def both_ways(plan, model: schedule.CostModel, policy: str, monkeypatch: pytest.MonkeyPatch) -> tuple[list, list]:

@@ -9,7 +9,7 @@ before it starts (:func:`_layout`), integer codes, inner functions that change a
 numba; the arrays are lists there, which CPython indexes faster) and compiled by numba from that size (a plan of a
 million steps: seconds instead of minutes). Both run the same statements in the same order and return the same
 schedule, bit for bit (tests/test_schedule_loop.py). numba is optional: without it every plan runs in Python.
-Compiling takes minutes once; numba caches the result (``make install`` does it, :func:`compile_ahead`).
+Compiling takes minutes once; numba caches the result (``make compiled`` does it, :func:`compile_ahead`).
 """
 
 from __future__ import annotations

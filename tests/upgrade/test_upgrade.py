@@ -159,7 +159,7 @@ def upgraded(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Upgraded:
     return Upgraded(spark, tmp_path_factory)
 
 
-@pytest.mark.parametrize("fmt", BUILT)
+@pytest.mark.parametrize("fmt", [f if f in (1, PREVIOUS) else pytest.param(f, marks=pytest.mark.slow) for f in BUILT])
 def test_an_upgraded_warehouse_keeps_every_earlier_version(
     spark: Any, tmp_path: Path, upgraded: Upgraded, fmt: int
 ) -> None:
