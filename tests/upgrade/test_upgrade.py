@@ -18,6 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from deltalake import DeltaTable
 
 from rebalancer.config import Settings
 from rebalancer.formats import (
@@ -167,6 +168,10 @@ def test_an_upgraded_warehouse_keeps_every_earlier_version(
     wh = open_at(spark, upgraded[fmt])
     assert stored_format(wh) == CURRENT_FORMAT
     require_current(wh)
+    for name in SCHEMAS:  # still plain Delta, whichever engine upgraded it
+        table = DeltaTable(str(upgraded[fmt] / name))
+        assert (table.protocol().min_reader_version, table.protocol().min_writer_version) == (1, 2), name
+        assert table.metadata().configuration.get("delta.enableDeletionVectors", "false") == "false", name
     for name, last in delta_versions(pristine).items():
         assert wh.table_version(name) >= last
         for version in range(last + 1):  # time travel to every version before the upgrade: the same rows

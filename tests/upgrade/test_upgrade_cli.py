@@ -24,8 +24,11 @@ COMMANDS = [
     ["export-affinity", "--out", "routing.json"],
     ["route", "--group", "group0", "k1"],
     ["report"],
+    ["balance"],
+    ["kafka", "execute", "--dry-run"],
     ["init"],
     ["generate", "--nodes", "3", "--partitions", "8"],
+    ["demo", "--nodes", "3", "--partitions", "8"],
 ]
 
 
@@ -34,7 +37,7 @@ def previous(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return unpack(PREVIOUS, tmp_path_factory.mktemp("previous"))
 
 
-@pytest.mark.parametrize("argv", COMMANDS, ids=lambda a: a[0])
+@pytest.mark.parametrize("argv", COMMANDS, ids=lambda a: " ".join(a[:2]))
 def test_a_command_on_the_previous_format_says_upgrade_and_changes_nothing(
     spark: Any, capsys: Any, previous: Path, argv: list[str], tmp_path: Path, monkeypatch: Any
 ) -> None:
@@ -47,7 +50,8 @@ def test_a_command_on_the_previous_format_says_upgrade_and_changes_nothing(
     assert delta_versions(open_at(spark, previous)) == before
 
 
-@pytest.mark.parametrize("argv", [c for c in COMMANDS if c[0] not in ("init", "generate")], ids=lambda a: a[0])
+@pytest.mark.parametrize("argv", [c for c in COMMANDS if c[0] not in ("init", "generate", "demo")],
+                         ids=lambda a: a[0])
 def test_a_command_on_a_path_with_no_warehouse_names_it_and_creates_nothing(
     spark: Any, capsys: Any, tmp_path: Path, argv: list[str], monkeypatch: Any
 ) -> None:
