@@ -33,6 +33,7 @@ from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from rebalancer.config import Settings
 from rebalancer.exchange.events import ClusterState, Event, NodeInfo, TopologyState, plan_exchanges
@@ -48,7 +49,7 @@ from rebalancer.formats import (
 )
 from rebalancer.inputs import cluster_columns
 from rebalancer.storage import Warehouse
-from rebalancer.tables import INPUT_TABLES, SCHEMAS, version_where
+from rebalancer.tables import EXCHANGES, INPUT_TABLES, SCHEMAS, version_where
 from rebalancer.vocabulary import COPY_KEY
 
 __all__ = [
@@ -132,10 +133,10 @@ def replayed_cluster(
 
 @dataclass(frozen=True)
 class Newest:
-    """The newest committed version, which the next exchange continues from: its ``exchanges`` row (and the whole
-    table, whose schema writes it back) and its topology version."""
+    """The newest committed version, which the next exchange continues from: every ``exchanges`` row as stored
+    (before the upgrade adds its columns, a missing column reads as a missing key) and the newest of them."""
 
-    exchanges: pa.Table
+    exchanges: list[dict[str, Any]]
     row: dict[str, Any]
 
     @property
@@ -155,10 +156,11 @@ class Newest:
 def _newest(warehouse: Warehouse) -> Newest | None:
     if not warehouse.exists("exchanges"):
         return None
-    exchanges = warehouse.read_arrow("exchanges")
-    if exchanges.num_rows == 0:
+    # As stored: Delta refuses to read an older table with the declared schema (delta-rs reads missing columns as null)
+    exchanges = warehouse.read_stored_arrow("exchanges").to_pylist()
+    if not exchanges:
         return None
-    return Newest(exchanges, max(exchanges.to_pylist(), key=lambda r: r["exchange_id"]))
+    return Newest(exchanges, max(exchanges, key=lambda r: r["exchange_id"]))
 
 
 @dataclass(frozen=True)
@@ -324,13 +326,14 @@ def _cluster_state(warehouse: Warehouse, newest: Newest, settings: Settings) -> 
         return {t["node_id"]: NodeInfo(int(t["node_order"]), bool(t["is_client"])) for t in topology
                 if (t["topology_major"], t["topology_minor"]) == version}
 
-    cluster = replayed_cluster(newest.exchanges.to_pylist(), events, alive_at, catalog, groups, settings)
+    cluster = replayed_cluster(newest.exchanges, events, alive_at, catalog, groups, settings)
     _merge_row(warehouse, newest, cluster_columns(cluster))
 
 
 def _merge_row(warehouse: Warehouse, newest: Newest, columns: Mapping[str, Any]) -> None:
     row = {**newest.row, **columns}
-    warehouse.merge_arrow("exchanges", pa.Table.from_pylist([row], schema=newest.exchanges.schema), ["exchange_id"])
+    schema = to_arrow_schema(EXCHANGES, timezone="UTC")
+    warehouse.merge_arrow("exchanges", pa.Table.from_pylist([row], schema=schema), ["exchange_id"])
 
 
 def _has_serving_rows(warehouse: Warehouse, newest: Newest) -> bool:
