@@ -1,6 +1,7 @@
 """``rebalancer upgrade``: bring a warehouse written in an earlier format to this release's, losing nothing.
 
-The changes (docs/STORAGE.md "Formats"), in this order, each one Delta commit on one table:
+The changes (docs/STORAGE.md "Formats"), in this order, each one Delta commit on one table (but the format-3 fill,
+two commits redone together):
 
 1. *create table*: the tables the warehouse has not got yet, empty.
 2. *add columns*: the columns a table has not got yet, by schema evolution: a metadata-only commit, no data file
@@ -10,8 +11,8 @@ The changes (docs/STORAGE.md "Formats"), in this order, each one Delta commit on
    holds; older versions are history and keep their rows. Only rows of the newest version are rewritten:
    - ``partition_versions`` and ``partition_stamps`` (written empty before format 2): each partition's version
      counted over the serving assignments of every committed version, and the groups' stamps from them;
-   - ``partition_map.wal_history_counter`` (format 3): each copy's from its latest consumed report;
-   - ``exchanges.input_versions`` (format 3): the Delta version of each input table committed last before the
+   - ``partition_map.wal_history_counter`` (format 3): each copy's from its latest consumed report; then
+     ``exchanges.input_versions`` (format 3): the Delta version of each input table committed last before the
      exchange started, so the next exchange reads only what came after (without them it would read every report
      again);
    - the cluster state of ``exchanges`` (format 6: baseline, activation, drain, the newest node event): the merged
