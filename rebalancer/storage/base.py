@@ -322,13 +322,15 @@ def conform(df: DataFrame, target: StructType, table: str, *, optional: Collecti
     return df.select(*columns)
 
 
-def project_declared(df: DataFrame, declared: StructType, table: str) -> DataFrame:
+def project_declared(df: DataFrame, declared: StructType, table: str, *, missing_as_null: bool = False) -> DataFrame:
     """Fit a table as stored to its declared contract on read: declared columns only, in order, declared types.
 
     Args:
         df: the table as stored (every stored column, stored types).
         declared: the contract schema from :mod:`rebalancer.tables`.
         table: the table name, for messages.
+        missing_as_null: a declared column the table does not store reads as null instead of failing: for a Delta
+            version from before the column was added (time travel across ``rebalancer upgrade``).
 
     Returns:
         A DataFrame with exactly the declared columns and types.
@@ -342,7 +344,9 @@ def project_declared(df: DataFrame, declared: StructType, table: str) -> DataFra
     columns: list[Column] = []
     for field in declared.fields:
         source = stored.get(field.name)
-        if source is None:
+        if source is None and missing_as_null:
+            columns.append(F.lit(None).cast(field.dataType).alias(field.name))
+        elif source is None:
             problems.append(f"column {field.name} is missing")
         elif not can_store(source.dataType, field.dataType):
             problems.append(

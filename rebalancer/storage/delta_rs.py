@@ -323,7 +323,10 @@ class DeltaRsWarehouse(Warehouse):
             stored = _stored_schema(snapshot)
             files = [f.local for f in self._files(snapshot) if file_may_match(f.row, where)]
             raw = self._read_files(stored, files, base=snapshot.table_uri).where(where_predicate(where, stored, name))
-        return project_declared(raw, tables.SCHEMAS[name], name) if name in tables.SCHEMAS else raw
+        if name not in tables.SCHEMAS:
+            return raw
+        # a version from before `rebalancer upgrade` added a column reads it as null, as read_arrow does
+        return project_declared(raw, tables.SCHEMAS[name], name, missing_as_null=version is not None)
 
     def read_arrow(
         self, name: str, where: Mapping[str, WhereValue] | None = None, version: int | None = None

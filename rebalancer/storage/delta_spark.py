@@ -443,7 +443,10 @@ class DeltaSparkWarehouse(Warehouse):
         raw = self._load(name, version, session)
         if where:  # Delta skips files by their statistics itself
             raw = raw.where(where_predicate(where, raw.schema, name))
-        return project_declared(raw, tables.SCHEMAS[name], name) if name in tables.SCHEMAS else raw
+        if name not in tables.SCHEMAS:
+            return raw
+        # a version from before `rebalancer upgrade` added a column reads it as null, as read_arrow does
+        return project_declared(raw, tables.SCHEMAS[name], name, missing_as_null=version is not None)
 
     def read_raw(self, name: str) -> DataFrame:
         on_driver = self._on_driver(lambda d: d.read_raw(name))
