@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from rebalancer import __version__
 from rebalancer.storage import Warehouse
@@ -118,8 +119,11 @@ def stored_format(warehouse: Warehouse) -> int | None:
         None when no table of the contract exists at the warehouse's location (there is no warehouse there).
     """
     recorded = recorded_format(warehouse)
-    if recorded is not None:
-        return recorded[0]
+    return recorded[0] if recorded is not None else _format_by_columns(warehouse)
+
+
+def _format_by_columns(warehouse: Warehouse) -> int | None:
+    """The newest format whose every table and column the warehouse has (None: it has no table at all)."""
     present = {name: set(warehouse.stored_columns(name)) for name in SCHEMAS if warehouse.exists(name)}
     if not present:
         return None
@@ -147,7 +151,7 @@ def require_current(warehouse: Warehouse) -> None:
             f"the warehouse at {warehouse.location} is in format {number}, written by rebalancer {release}; this "
             f"release ({__version__}) reads format {CURRENT_FORMAT} and earlier: install rebalancer {release} or "
             f"later to use it.")
-    found = stored_format(warehouse)
+    found = recorded[0] if recorded is not None else _format_by_columns(warehouse)
     if found is None:
         raise WarehouseMissingError(
             f"there is no warehouse at {warehouse.location}: create one with `rebalancer init` (or `rebalancer "
@@ -162,12 +166,8 @@ def require_current(warehouse: Warehouse) -> None:
 def record_format(warehouse: Warehouse, note: str) -> None:
     """Append this release's format row (the last write of a creation or an upgrade)."""
     row = {"format": CURRENT_FORMAT, "release": __version__, "written_at": datetime.now(UTC), "note": note}
-    warehouse.append_arrow("warehouse_format", pa.Table.from_pylist([row], schema=_FORMAT_ARROW))
-
-
-_FORMAT_ARROW = pa.schema([("format", pa.int32()), ("release", pa.string()), ("written_at", pa.timestamp("us", "UTC")),
-                           ("note", pa.string())])
-assert _FORMAT_ARROW.names == WAREHOUSE_FORMAT.fieldNames()
+    schema = to_arrow_schema(WAREHOUSE_FORMAT, timezone="UTC")
+    warehouse.append_arrow("warehouse_format", pa.Table.from_pylist([row], schema=schema))
 
 
 def create_warehouse(warehouse: Warehouse) -> list[str]:
@@ -179,9 +179,10 @@ def create_warehouse(warehouse: Warehouse) -> list[str]:
     Raises:
         WarehouseOutdatedError, WarehouseTooNewError: a warehouse in another format is there (nothing is written).
     """
-    if stored_format(warehouse) is not None:
+    try:
         require_current(warehouse)
-        return warehouse.create_tables()
-    created = warehouse.create_tables()
-    record_format(warehouse, "created")
-    return created
+    except WarehouseMissingError:
+        created = warehouse.create_tables()
+        record_format(warehouse, "created")
+        return created
+    return warehouse.create_tables()

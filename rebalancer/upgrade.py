@@ -195,7 +195,7 @@ def planned_changes(warehouse: Warehouse) -> tuple[int, list[Change]]:
     recorded = recorded_format(warehouse)
     if recorded is not None and recorded[0] > CURRENT_FORMAT:
         require_current(warehouse)  # raises WarehouseTooNewError with the release needed
-    number = stored_format(warehouse)
+    number = recorded[0] if recorded is not None else stored_format(warehouse)
     if number is None:
         raise WarehouseMissingError(
             f"there is no warehouse at {warehouse.location} to upgrade: create one with `rebalancer init`.")

@@ -57,14 +57,16 @@ class Workspace:
     def new_or_current_warehouse(self) -> Any:
         """The warehouse, created in this release's format when there is none at the path (``init``, ``generate``,
         ``demo``: the commands that may create one); an existing one must be current, as for :attr:`warehouse`."""
-        if not self._checked:
-            from rebalancer.formats import create_warehouse, stored_format
+        from rebalancer.formats import WarehouseMissingError, create_warehouse
 
+        try:
+            return self.warehouse
+        except WarehouseMissingError:
             warehouse = self.any_warehouse()
-            if stored_format(warehouse) is None:
-                create_warehouse(warehouse)
-                self.announce(f"created a new warehouse at {warehouse.location}")
-        return self.warehouse
+            create_warehouse(warehouse)
+            self._checked = True
+            self.announce(f"created a new warehouse at {warehouse.location}")
+            return warehouse
 
     def any_warehouse(self) -> Any:
         """The warehouse whatever its format, unchecked (``upgrade``)."""
