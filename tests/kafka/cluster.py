@@ -111,6 +111,15 @@ class Node:
         return self.process is not None and self.process.poll() is None
 
 
+def _cluster_id() -> str:
+    """A random Kafka cluster id: 22 URL-safe base64 characters that never start with '-', which kafka-storage's
+    argument parser would read as an option (one id in 64 would fail the format)."""
+    while True:
+        candidate = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode()[:22]
+        if not candidate.startswith("-"):
+            return candidate
+
+
 @dataclass
 class KafkaCluster:
     """One controller and brokers ``1..n`` on loopback, in ``folder``; :meth:`start` formats and launches them."""
@@ -118,7 +127,7 @@ class KafkaCluster:
     folder: Path
     brokers: int = 3
     racks: list[str | None] | None = None
-    cluster_id: str = field(default_factory=lambda: base64.urlsafe_b64encode(uuid.uuid4().bytes).decode()[:22])
+    cluster_id: str = field(default_factory=_cluster_id)
     nodes: dict[int, Node] = field(default_factory=dict)
     controller: Node | None = None
 
@@ -265,7 +274,7 @@ class KafkaCluster:
             node.folder.mkdir(parents=True, exist_ok=True)
             props = node.folder / "server.properties"
             props.write_text(self._properties(node))
-            cmd = ["java", *JVM, "-cp", cp, "kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c",
+            cmd = ["java", *JVM, "-cp", cp, "kafka.tools.StorageTool", "format", f"--cluster-id={self.cluster_id}", "-c",
                    str(props), "--ignore-formatted"]
             procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
         for cmd, proc in procs:
