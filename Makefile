@@ -137,7 +137,7 @@ lint: $(STAMP)
 
 # Every benchmark (scenarios S to XXL, bench/migrations.py, bench/affinity.py, the demo's time), one process each:
 # writes bench/results/latest.json, docs/BENCHMARKS.md (before/after against bench/results/before-kernel.json, and
-# issue 13's targets) and docs/images/bench-*.png. Takes long on 2 cores.
+# the performance targets) and docs/images/bench-*.png. Takes long on 2 cores.
 bench: $(COMPILED)
 	$(PY) bench/suite.py
 

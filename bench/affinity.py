@@ -42,6 +42,7 @@ from rebalancer.affinity.assign import assign_indexes  # noqa: E402
 from rebalancer.affinity.ideal import ideal_assignment  # noqa: E402
 from rebalancer.affinity.nodeset import NodeSet  # noqa: E402
 from rebalancer.config import AffinitySettings, SparkSettings  # noqa: E402
+from rebalancer.groups import GroupSettings  # noqa: E402
 from rebalancer.session import get_spark  # noqa: E402
 from rebalancer.tables import CACHE_GROUPS, NODES  # noqa: E402
 
@@ -74,7 +75,7 @@ def run_spark(nodes_df: DataFrame, groups_df: DataFrame, settings: AffinitySetti
 def run_kernel(node_set: NodeSet, sizes: list[int], affinity: str) -> None:
     """The same kernel call the stage makes, for every group, in this process."""
     for size in sizes:
-        assign_indexes(np.arange(size), node_set, BACKUPS, affinity)
+        assign_indexes(np.arange(size), node_set, GroupSettings(f"g{size}", size, BACKUPS, affinity=affinity))
 
 
 def main() -> None:

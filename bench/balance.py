@@ -56,9 +56,10 @@ except ModuleNotFoundError:
 
 import numpy as np  # noqa: E402
 
-from rebalancer.affinity.balanced import BalancedGroup, PreviousPlacement, assign_balanced  # noqa: E402
+from rebalancer.affinity.balanced import PreviousPlacement, assign_balanced  # noqa: E402
 from rebalancer.affinity.nodeset import NodeSet  # noqa: E402
 from rebalancer.client.affinity import assign_indexes  # noqa: E402
+from rebalancer.groups import GroupSettings  # noqa: E402
 
 Matrices = dict[str, np.ndarray]
 AFFINITIES = ("rendezvous", "ignite", "balanced", "balanced-collocate")
@@ -101,10 +102,11 @@ def place(affinity: str, s: Scenario, nodes: NodeSet, previous: PreviousPlacemen
     placement before the change) as the exchange does."""
     names = [f"group{g}" for g in range(s.groups)]
     if affinity.startswith("balanced"):
-        groups = [BalancedGroup(name, s.partitions, s.backups) for name in names]
+        groups = [GroupSettings(name, s.partitions, s.backups, affinity="balanced") for name in names]
         return assign_balanced(groups, nodes, spread=affinity == "balanced", previous=previous)
     pids = np.arange(s.partitions)
-    return {name: assign_indexes(pids, nodes, s.backups, affinity) for name in names}
+    return {name: assign_indexes(pids, nodes, GroupSettings(name, s.partitions, s.backups, affinity=affinity))
+            for name in names}
 
 
 def evenness(matrices: Matrices, n: int) -> dict[str, float]:

@@ -38,7 +38,7 @@ added per table; COPY steps of ``migration_plan`` against the minimum counted in
 copies whose node holds no OWNING copy in the previous ``partition_map`` among the nodes alive now, for partitions
 with such an owner) and the balance minimum (failure or leave: the copies the node owned; join: ceil(replicas /
 nodes)); replicas per node of ``ideal_assignment``; makespans of the committed plan re-scheduled as it is
-(``rebalancer.planning.schedule``: ``ours``, ``hazelcast``, ``serial`` and the lower bound) at the configured cap
+(``rebalancer.planning.schedule``: ``portfolio``, ``hazelcast``, ``serial`` and the lower bound) at the configured cap
 and at every ``--caps`` cap.
 
 Not here any more (the earlier script had them): cProfile, a stack sampler charging time to lines of the old
@@ -484,7 +484,7 @@ def migration_figures(ctx: Context, caps: list[int]) -> dict[str, Any]:
             scheduled = schedule(plan, model, policy) if plan.num_rows else plan
             out[f"{policy}_schedule_s"] = round(time.perf_counter() - t, 3)
             out[f"{policy}_s"] = round(makespan(scheduled), 2) if plan.num_rows else 0.0
-            if policy == "ours":
+            if policy == "portfolio":
                 out["lower_bound_s"] = round(lower_bound(scheduled, model), 2) if plan.num_rows else 0.0
             if policy == "serial":
                 serial.update({k: out[k] for k in ("serial_s", "serial_schedule_s")})
@@ -503,8 +503,9 @@ def migration_figures(ctx: Context, caps: list[int]) -> dict[str, Any]:
                               "min": int(per_node.least)},
         "committed_makespan_s": committed_makespan,
         "committed_lower_bound_s": round(float(new_row["makespan_lower_bound_s"] or 0.0), 2),
-        # re-scheduling the committed plan by ours at the same cap gives the committed makespan
-        "rescheduled_matches_committed": abs(at_cap["ours_s"] - committed_makespan) <= 0.01 + 1e-6 * committed_makespan,
+        # re-scheduling the committed plan by portfolio at the same cap gives the committed makespan
+        "rescheduled_matches_committed": (abs(at_cap["portfolio_s"] - committed_makespan)
+                                          <= 0.01 + 1e-6 * committed_makespan),
         "cap": ctx.settings.migration.max_parallel_per_node,
         "makespan": at_cap,
         "caps": {str(cap): makespans(cap) for cap in caps},
@@ -627,12 +628,12 @@ def print_markdown(r: dict[str, Any]) -> None:
     print(f"\nMigrations {m['previous_version']} -> {m['version']}: {m['copies']:,} COPYs (minimum "
           f"{m['minimum_copies']:,}, balance minimum {m['balance_minimum']:,}); replicas per node max "
           f"{per_node['max']:,} / mean {per_node['mean']:,} / min {per_node['min']:,}; makespan at cap {m['cap']}: "
-          f"ours {mk['ours_s']:,} s (committed {m['committed_makespan_s']:,} s), hazelcast {mk['hazelcast_s']:,} s, "
-          f"serial {mk['serial_s']:,} s, lower bound {mk['lower_bound_s']:,} s.")
+          f"portfolio {mk['portfolio_s']:,} s (committed {m['committed_makespan_s']:,} s), "
+          f"hazelcast {mk['hazelcast_s']:,} s, serial {mk['serial_s']:,} s, lower bound {mk['lower_bound_s']:,} s.")
     if m["caps"]:
-        print("\n| cap | ours | hazelcast | serial | lower bound |\n|---|---|---|---|---|")
+        print("\n| cap | portfolio | hazelcast | serial | lower bound |\n|---|---|---|---|---|")
         for cap, x in m["caps"].items():
-            print(f"| {cap} | {x['ours_s']:,} s | {x['hazelcast_s']:,} s | {x['serial_s']:,} s | "
+            print(f"| {cap} | {x['portfolio_s']:,} s | {x['hazelcast_s']:,} s | {x['serial_s']:,} s | "
                   f"{x['lower_bound_s']:,} s |")
     la = r["load_average"]
     print(f"\nload average before {la['before']}, during the timed runs (1 min) {la['during_timed_runs_1min']}, "

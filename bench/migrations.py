@@ -16,7 +16,7 @@ affinity over ``node0..node9``, every ideal copy OWNING at the same counter) and
 For each, the exchange kernel decides every partition (``rebalancer.exchange.kernel.decide`` on the previous map,
 assignment and versions, in one batch, as the pipeline's ``mapInArrow`` tasks do) and
 ``rebalancer.planning.plan.finish_plan`` picks the suppliers and sets bytes and ids; then the plan is scheduled
-(``rebalancer.planning.schedule``) by ``ours``, ``hazelcast`` and ``serial`` at per-node caps 5, 10 and 20, under
+(``rebalancer.planning.schedule``) by ``portfolio``, ``hazelcast`` and ``serial`` at per-node caps 5, 10 and 20, under
 the default cost model (docs/PLANNING.md). Pure Python and NumPy: no Spark. Reported per scenario: data-bearing
 copies and the theoretical minimum (ideal copies whose node holds no data, counted from the layouts alone), bytes
 moved, makespans, the lower bound of our schedule, and how long planning and scheduling took.
@@ -52,10 +52,10 @@ from rebalancer.exchange.kernel import (  # noqa: E402
     MAP,
     PARTITION,
     VERSION,
-    GroupSettings,
     KernelContext,
     decide,
 )
+from rebalancer.groups import GroupSettings  # noqa: E402
 from rebalancer.planning.plan import cost_model, finish_plan  # noqa: E402
 from rebalancer.planning.schedule import lower_bound, makespan, schedule  # noqa: E402
 from rebalancer.vocabulary import OWNING  # noqa: E402
@@ -155,38 +155,38 @@ def run_scenario(name: str, before: Layout, after: Layout, nodes: NodeSet, base:
     for cap in CAPS:
         model = cost_model(base.model_copy(update={"max_parallel_per_node": cap}))
         result: dict[str, Any] = {}
-        for policy in ("ours", "hazelcast") + (("serial",) if serial is None else ()):
+        for policy in ("portfolio", "hazelcast") + (("serial",) if serial is None else ()):
             t = time.perf_counter()
             scheduled = schedule(table, model, policy)
             result[f"{policy}_schedule_s"] = round(time.perf_counter() - t, 2)
             result[f"{policy}_makespan_s"] = round(makespan(scheduled), 1)
-            if policy == "ours":
+            if policy == "portfolio":
                 result["lower_bound_s"] = round(lower_bound(scheduled, model), 1)
-                result["ours_waves"] = int(pc.max(scheduled.column("wave")).as_py() or 0)
+                result["portfolio_waves"] = int(pc.max(scheduled.column("wave")).as_py() or 0)
             if policy == "serial":
                 serial = result["serial_makespan_s"]
         result["serial_makespan_s"] = serial
-        result["ours_over_bound"] = round(result["ours_makespan_s"] / result["lower_bound_s"], 3)
-        result["hazelcast_over_ours"] = round(result["hazelcast_makespan_s"] / result["ours_makespan_s"], 2)
+        result["portfolio_over_bound"] = round(result["portfolio_makespan_s"] / result["lower_bound_s"], 3)
+        result["hazelcast_over_portfolio"] = round(result["hazelcast_makespan_s"] / result["portfolio_makespan_s"], 2)
         row["caps"][str(cap)] = result
     return row
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| scenario | cap | data-bearing copies (minimum) | promotes / drops | TB moved | ours | lower bound | "
-        "ours / bound | hazelcast | hazelcast / ours | serial |",
+        "| scenario | cap | data-bearing copies (minimum) | promotes / drops | TB moved | portfolio | lower bound | "
+        "portfolio / bound | hazelcast | hazelcast / portfolio | serial |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         for cap, c in r["caps"].items():
-            t = {k: duration_text(c[k]) for k in ("ours_makespan_s", "lower_bound_s", "hazelcast_makespan_s",
+            t = {k: duration_text(c[k]) for k in ("portfolio_makespan_s", "lower_bound_s", "hazelcast_makespan_s",
                                                   "serial_makespan_s")}
             lines.append(
                 f"| {r['scenario']} | {cap} | {r['copies']:,} ({r['minimum_copies']:,}) | "
                 f"{r['promotes']:,} / {r['drops']:,} | {r['bytes_moved'] / 1e12:.2f} | "
-                f"{t['ours_makespan_s']} | {t['lower_bound_s']} | {c['ours_over_bound']:.3f} | "
-                f"{t['hazelcast_makespan_s']} | {c['hazelcast_over_ours']:.1f}x | {t['serial_makespan_s']} |"
+                f"{t['portfolio_makespan_s']} | {t['lower_bound_s']} | {c['portfolio_over_bound']:.3f} | "
+                f"{t['hazelcast_makespan_s']} | {c['hazelcast_over_portfolio']:.1f}x | {t['serial_makespan_s']} |"
             )
     return "\n".join(lines)
 

@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from rebalancer.affinity.nodeset import NodeSet
-from rebalancer.client.affinity import assign_indexes
+from rebalancer.client.affinity import GroupSettings, assign_indexes
 from rebalancer.planning.schedule import PLAN_INPUT_SCHEMA
 
 __all__ = ["CHANGES", "SEED", "Change", "random_plan", "scenario_plan", "synthetic_plan"]
@@ -192,7 +192,7 @@ def _layouts(change: Change) -> tuple[list[list[str]], list[list[str]], set[str]
     pids = np.arange(change.partitions)
 
     def lists(nodes: list[str]) -> list[list[str]]:
-        matrix = assign_indexes(pids, NodeSet.of(nodes), change.backups)
+        matrix = assign_indexes(pids, NodeSet.of(nodes), GroupSettings("g", change.partitions, change.backups))
         return [[nodes[i] for i in row if i >= 0] for row in matrix.tolist()]
 
     return lists(before_nodes), lists(after_nodes), alive

@@ -99,7 +99,7 @@ def section(r: dict[str, Any]) -> str:
     last = r["versions"][-1]["bytes"]
     rows = "\n".join(f"| {name} | {last[name] / 2**20:,.2f} |" for name in sorted(last, key=lambda n: -last[n]))
     return "\n".join([
-        "## Retention: bytes per version (`bench/retention.py`, issue 14)",
+        "## Retention: bytes per version (`bench/retention.py`)",
         "",
         f"Measured by `.venv/bin/python bench/retention.py` at {r['measured_at']}, commit `{r['commit']}`"
         f"{' with uncommitted changes' if r['dirty'] else ''}, delta-rs engine: {c['nodes']} nodes, {c['groups']} x "

@@ -1,16 +1,16 @@
 """Benchmark of the migration scheduler alone: makespans and scheduling time on the suite's plans, without Spark.
 
 For every change of ``bench/plans.py`` (the plans ``bench/suite.py``'s scenarios commit, rebuilt in pure Python,
-plus ``bench/migrations.py``'s graceful scale-down) and every per-node cap, the plan is scheduled by ``ours``,
+plus ``bench/migrations.py``'s graceful scale-down) and every per-node cap, the plan is scheduled by ``portfolio``,
 ``hazelcast`` and ``serial`` and its lower bound computed (``rebalancer.planning.schedule``, default cost model
 otherwise). A synthetic plan of ``--synthetic`` steps (1,000,000 by default, on 1,000 nodes) is scheduled at the
 default cap to time the scheduler. Times are of this process: wall seconds and CPU seconds (the CPU time is what
 to read on a shared machine).
 
-``--compare REF`` also schedules every plan with the scheduler of git commit ``REF`` (its ``ours`` and its own
+``--compare REF`` also schedules every plan with the scheduler of git commit ``REF`` (its default policy and its own
 lower bound), to print the figures before and after a change side by side. The scheduler of ``REF`` is its whole
 ``rebalancer/planning`` package (the event loop too), copied under ``.cache/bench-schedulers/`` as a package of its
-own, where numba caches its compiled loop. ``--repeat N`` schedules each plan N times with ``ours`` (alternating
+own, where numba caches its compiled loop. ``--repeat N`` schedules each plan N times with ``portfolio`` (alternating
 with ``REF``'s when comparing: the machine's load then weighs on both alike) and reports the median CPU seconds.
 
 Run from the repository root: ``.venv/bin/python bench/schedule.py [--compare REF] [--json OUT]``; it prints a
@@ -49,19 +49,19 @@ SYNTHETIC_NODES = 1_000
 
 @dataclass(frozen=True)
 class Row:
-    """One plan at one cap: makespans in seconds, scheduling times of ``ours`` (wall and CPU)."""
+    """One plan at one cap: makespans in seconds, scheduling times of ``portfolio`` (wall and CPU)."""
 
     scenario: str
     change: str
     steps: int
     cap: int
-    ours_s: float
+    portfolio_s: float
     hazelcast_s: float
     serial_s: float
     bound_s: float
-    ours_wall_s: float
-    ours_cpu_s: float
-    before_ours_s: float | None = None
+    portfolio_wall_s: float
+    portfolio_cpu_s: float
+    before_portfolio_s: float | None = None
     before_bound_s: float | None = None
     before_wall_s: float | None = None
     before_cpu_s: float | None = None
@@ -69,7 +69,7 @@ class Row:
 
     @property
     def over_bound(self) -> float:
-        return self.ours_s / self.bound_s - 1.0 if self.bound_s > 0 else 0.0
+        return self.portfolio_s / self.bound_s - 1.0 if self.bound_s > 0 else 0.0
 
 
 def timed(call: Callable[[], pa.Table]) -> tuple[pa.Table, float, float]:
@@ -102,11 +102,17 @@ def load_scheduler(ref: str) -> ModuleType:
     return importlib.import_module(f"{package}.schedule")
 
 
+def default_policy(scheduler_module: ModuleType) -> str:
+    """The policy a scheduler module schedules committed plans with: the first of its ``POLICIES`` (``portfolio``;
+    commits before the policy had that name call it ``ours``)."""
+    return str(scheduler_module.POLICIES[0])
+
+
 def measure(
     name: tuple[str, str], plan: pa.Table, caps: tuple[int, ...], before: ModuleType | None, repeat: int = 1
 ) -> list[Row]:
-    """Every policy and the bound of ``plan`` at each cap (serial does not depend on the cap: run once); ``ours``
-    (and ``before``'s, alternating) ``repeat`` times, with the median CPU seconds."""
+    """Every policy and the bound of ``plan`` at each cap (serial does not depend on the cap: run once); ``portfolio``
+    (and ``before``'s default policy, alternating) ``repeat`` times, with the median CPU seconds."""
     rows = []
     serial_s = scheduler.makespan(scheduler.schedule(plan, scheduler.CostModel(), "serial"))
     for cap in caps:
@@ -115,15 +121,16 @@ def measure(
         times: list[tuple[float, float]] = []
         old_times: list[tuple[float, float]] = []
         for _ in range(repeat):
-            ours, wall, cpu = timed(lambda model=model: scheduler.schedule(plan, model, "ours"))
+            portfolio, wall, cpu = timed(lambda model=model: scheduler.schedule(plan, model, "portfolio"))
             times.append((wall, cpu))
             if before is not None:
-                old, old_wall, old_cpu = timed(lambda old_model=old_model: before.schedule(plan, old_model, "ours"))
+                old, old_wall, old_cpu = timed(lambda old_model=old_model: before.schedule(
+                    plan, old_model, default_policy(before)))
                 old_times.append((old_wall, old_cpu))
         extra: dict[str, Any] = {}
         if before is not None:
             extra = {
-                "before_ours_s": before.makespan(old),
+                "before_portfolio_s": before.makespan(old),
                 "before_bound_s": before.lower_bound(old, old_model),
                 "before_wall_s": statistics.median(w for w, _ in old_times),
                 "before_cpu_s": statistics.median(c for _, c in old_times),
@@ -131,14 +138,16 @@ def measure(
         wall, cpu = statistics.median(w for w, _ in times), statistics.median(c for _, c in times)
         rows.append(Row(
             scenario=name[0], change=name[1], steps=plan.num_rows, cap=cap,
-            ours_s=scheduler.makespan(ours),
+            portfolio_s=scheduler.makespan(portfolio),
             hazelcast_s=scheduler.makespan(scheduler.schedule(plan, model, "hazelcast")),
-            serial_s=serial_s, bound_s=scheduler.lower_bound(ours, model), ours_wall_s=wall, ours_cpu_s=cpu,
+            serial_s=serial_s, bound_s=scheduler.lower_bound(portfolio, model), portfolio_wall_s=wall,
+            portfolio_cpu_s=cpu,
             runs=repeat, **extra,
         ))
         versus = f" (before: {extra['before_cpu_s']:.2f} s)" if extra else ""
-        print(f"  {name[0]} {name[1]} cap {cap}: ours {rows[-1].ours_s:.2f} s, bound {rows[-1].bound_s:.2f} s "
-              f"({rows[-1].over_bound:+.1%}), scheduled in {cpu:.2f} s CPU{versus}", file=sys.stderr, flush=True)
+        print(f"  {name[0]} {name[1]} cap {cap}: portfolio {rows[-1].portfolio_s:.2f} s, "
+              f"bound {rows[-1].bound_s:.2f} s ({rows[-1].over_bound:+.1%}), scheduled in {cpu:.2f} s CPU{versus}",
+              file=sys.stderr, flush=True)
     return rows
 
 
@@ -157,20 +166,21 @@ def seconds(value: float) -> str:
 def markdown(rows: list[Row], with_before: bool) -> str:
     head = ["scenario", "change", "steps", "cap"]
     if with_before:
-        head += ["before: ours", "before: bound", "before: over", "before: scheduled in (CPU)"]
-    head += ["ours", "hazelcast", "serial", "bound", "ours over bound", "ours <= baselines", "ours scheduled in (CPU)"]
+        head += ["before: portfolio", "before: bound", "before: over", "before: scheduled in (CPU)"]
+    head += ["portfolio", "hazelcast", "serial", "bound", "portfolio over bound", "portfolio <= baselines",
+             "portfolio scheduled in (CPU)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r.scenario, r.change, f"{r.steps:,}", str(r.cap)]
-        if with_before and r.before_ours_s is not None and r.before_bound_s is not None:
-            cells += [seconds(r.before_ours_s), seconds(r.before_bound_s),
-                      f"{r.before_ours_s / r.before_bound_s - 1:.1%}" if r.before_bound_s else "-",
+        if with_before and r.before_portfolio_s is not None and r.before_bound_s is not None:
+            cells += [seconds(r.before_portfolio_s), seconds(r.before_bound_s),
+                      f"{r.before_portfolio_s / r.before_bound_s - 1:.1%}" if r.before_bound_s else "-",
                       f"{r.before_cpu_s:.2f} s" if r.before_cpu_s is not None else "-"]
         elif with_before:
             cells += ["-", "-", "-", "-"]
-        fine = r.ours_s <= r.hazelcast_s + 1e-9 and r.ours_s <= r.serial_s + 1e-9
-        cells += [seconds(r.ours_s), seconds(r.hazelcast_s), seconds(r.serial_s), seconds(r.bound_s),
-                  f"{r.over_bound:.1%}", "yes" if fine else "**no**", f"{r.ours_cpu_s:.2f} s"]
+        fine = r.portfolio_s <= r.hazelcast_s + 1e-9 and r.portfolio_s <= r.serial_s + 1e-9
+        cells += [seconds(r.portfolio_s), seconds(r.hazelcast_s), seconds(r.serial_s), seconds(r.bound_s),
+                  f"{r.over_bound:.1%}", "yes" if fine else "**no**", f"{r.portfolio_cpu_s:.2f} s"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -181,7 +191,7 @@ def main() -> None:
     parser.add_argument("--caps", default=",".join(map(str, CAPS)), help="comma-separated per-node caps")
     parser.add_argument("--synthetic", type=int, default=1_000_000, help="steps of the synthetic plan (0: none)")
     parser.add_argument("--compare", metavar="REF", help="also schedule with the scheduler of this git commit")
-    parser.add_argument("--repeat", type=int, default=1, help="schedule each plan this many times with ours "
+    parser.add_argument("--repeat", type=int, default=1, help="schedule each plan this many times with portfolio "
                         "(alternating with --compare's), reporting the median CPU seconds")
     parser.add_argument("--json", metavar="OUT", help="write the rows and the run's facts to this file")
     args = parser.parse_args()

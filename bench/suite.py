@@ -29,10 +29,11 @@ What runs (``make bench``):
 
 Everything lands in ``bench/results/latest.json``; the page ``docs/BENCHMARKS.md`` and the plots
 ``docs/images/bench-*.png`` are generated from it (``--from-results`` regenerates them without measuring). The page
-puts the figures of ``--before`` (default ``bench/results/before-kernel.json``: the results the suite committed
-before issue 13's one-pass exchange) beside the new ones, for the changes measured at the same size, and judges the
-issue's targets (met / not met). ``--notes FILE`` (default ``bench/results/targets-notes.md`` when it exists) is
-Markdown put under the targets table: what would meet the targets not met.
+puts the figures of ``--before`` (default ``bench/results/before-kernel.json``: the results of the multi-stage
+exchange the one-pass kernel replaced) beside the new ones, for the changes measured at the same size, and judges
+the performance targets (:data:`WHOLE_PROCESS_S` and the constants after it: met / not met). ``--notes FILE``
+(default ``bench/results/targets-notes.md`` when it exists) is Markdown put under the targets table: what would
+meet the targets not met.
 
 ``--quick`` (``make bench-quick``) runs the M crash with the M cap sweep, one warm and one whole-process run, writes
 ``bench/results/quick.json`` and prints the page; it leaves latest.json, the page and the plots alone.
@@ -89,7 +90,8 @@ SCENARIO_ORDER = ("S", "M", "L", "XL", "XXL")
 NICE_SECONDS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800, 3600, 7200)
 OTHER_BENCHMARKS = ("migrations", "affinity", "balance", "demo")
 GIB = 2**30
-#: Issue 13's targets: whole-process and warm seconds per scenario, jobs per exchange, memory, the demo.
+#: The performance targets the page judges (met / not met): whole-process and warm seconds per scenario, jobs per
+#: exchange, memory, the demo.
 WHOLE_PROCESS_S = {"S": 8.0, "M": 12.0, "XL": 30.0, "XXL": 90.0}
 WARM_S = {"S": 1.5, "M": 3.0}
 SELECT1_FACTOR = 2.0  # M: at most twice a `rebalancer sql "SELECT 1"` process of the same run
@@ -502,11 +504,12 @@ def work_table(results: dict[str, Any]) -> list[str]:
             f"{r['rows_written_total']:,}", size(r["bytes_written_total"]),
             f"{mig['copies']:,} / {mig['minimum_copies']:,} / {mig['balance_minimum']:,}",
             f"{per_node['max']:,} / {per_node['mean']:,.1f} / {per_node['min']:,}",
-            f"{secs(mk['ours_s'])} / {secs(mk['hazelcast_s'])} / {secs(mk['serial_s'])} / {secs(mk['lower_bound_s'])}",
+            f"{secs(mk['portfolio_s'])} / {secs(mk['hazelcast_s'])} / {secs(mk['serial_s'])} / "
+            f"{secs(mk['lower_bound_s'])}",
         ])
     return table(["scenario", "change", "partitions", "recomputed (warm)", "rows written", "bytes written",
                   "COPYs / minimum / balance min", "replicas per node max / mean / min",
-                  "makespan ours / hazelcast / serial / bound"], rows)
+                  "makespan portfolio / hazelcast / serial / bound"], rows)
 
 
 def stage_tables(results: dict[str, Any]) -> list[str]:
@@ -556,10 +559,10 @@ def cap_rows(results: dict[str, Any]) -> list[list[str]]:
     rows = []
     for c in measured(results):
         for cap, m in c["result"]["migrations"]["caps"].items():
-            rows.append([f"{c['scenario']} {c['label']}", cap, secs(m["ours_s"]), secs(m["hazelcast_s"]),
+            rows.append([f"{c['scenario']} {c['label']}", cap, secs(m["portfolio_s"]), secs(m["hazelcast_s"]),
                          secs(m["serial_s"]), secs(m["lower_bound_s"]),
-                         f"{m['ours_s'] / m['lower_bound_s']:.3f}" if m["lower_bound_s"] else "-",
-                         f"{m['hazelcast_s'] / m['ours_s']:.2f}x" if m["ours_s"] else "-"])
+                         f"{m['portfolio_s'] / m['lower_bound_s']:.3f}" if m["lower_bound_s"] else "-",
+                         f"{m['hazelcast_s'] / m['portfolio_s']:.2f}x" if m["portfolio_s"] else "-"])
     return rows
 
 
@@ -570,15 +573,15 @@ def migrations_table(data: dict[str, Any]) -> list[str]:
         for cap, c in r["caps"].items():
             rows.append([
                 r["scenario"], cap, f"{r['copies']:,} ({r['minimum_copies']:,})", f"{r['promotes']:,} / {r['drops']:,}",
-                f"{r['bytes_moved'] / 1e12:.2f}", secs(c["ours_makespan_s"]), secs(c["lower_bound_s"]),
-                f"{c['ours_over_bound']:.3f}", secs(c["hazelcast_makespan_s"]), f"{c['hazelcast_over_ours']:.1f}x",
-                secs(c["serial_makespan_s"]),
+                f"{r['bytes_moved'] / 1e12:.2f}", secs(c["portfolio_makespan_s"]), secs(c["lower_bound_s"]),
+                f"{c['portfolio_over_bound']:.3f}", secs(c["hazelcast_makespan_s"]),
+                f"{c['hazelcast_over_portfolio']:.1f}x", secs(c["serial_makespan_s"]),
             ])
     return [f"{cluster.get('nodes', 10)} nodes, {cluster.get('partitions', 20_000):,} partitions of "
             f"{cluster.get('partition_bytes', 205e6) / 1e6:,.0f} MB with {cluster.get('backups', 1)} backup, planned "
             f"by {data.get('planned_by', 'the planner (Spark)')}.", "",
-            *table(["scenario", "cap", "data-bearing copies (minimum)", "promotes / drops", "TB moved", "ours",
-                    "lower bound", "ours / bound", "hazelcast", "hazelcast / ours", "serial"], rows)]
+            *table(["scenario", "cap", "data-bearing copies (minimum)", "promotes / drops", "TB moved", "portfolio",
+                    "lower bound", "portfolio / bound", "hazelcast", "hazelcast / portfolio", "serial"], rows)]
 
 
 def balance_table(data: dict[str, Any]) -> list[str]:
@@ -630,7 +633,7 @@ def largest_parts(c: dict[str, Any], name: str) -> str:
 
 
 def target_rows(results: dict[str, Any], before: Before) -> list[list[str]]:
-    """Issue 13's targets: before, after, met or not, and for one not met the largest parts of the time."""
+    """The performance targets: before, after, met or not, and for one not met the largest parts of the time."""
     done = measured(results)
     by: dict[str, list[dict[str, Any]]] = {}
     for c in done:
@@ -766,8 +769,8 @@ HOW_MEASURED = [
     "node owned (each must be re-created somewhere); for a join, ceil(replicas / nodes), the new node's fair share.",
     "- **Replicas per node**: of the new `ideal_assignment`, over the alive server nodes.",
     "- **Makespans**: the committed `migration_plan` (which keeps each COPY's `candidates`, the `primary_node`, "
-    "`owners` and `replicas`) re-scheduled as it is with `rebalancer.planning.schedule` by `ours`, `hazelcast` "
-    "(first-fit, copying from the primary) and `serial` (one step at a time); the bound is `lower_bound` of ours. "
+    "`owners` and `replicas`) re-scheduled as it is with `rebalancer.planning.schedule` by `portfolio`, `hazelcast` "
+    "(first-fit, copying from the primary) and `serial` (one step at a time); the bound is `lower_bound` of portfolio. "
     "Simulated under the cost model, so independent of the machine.",
     "- **Demo**: the whole process `rebalancer --warehouse W demo --report-dir R` (what `make demo` runs once the "
     "install is done) in a fresh directory.",
@@ -831,7 +834,7 @@ def render(results: dict[str, Any], images: Path | None, source: str, before: Be
             for m in suite.get("merged", [])
         ],
     ])
-    lines += ["", "## Targets (issue 13)", "",
+    lines += ["", "## Targets", "",
               "Before: the figures of the multi-stage exchange (`before` above); after: this run. *Largest parts* "
               "name where the time (or the jobs) went in the slowest change of a target not met.", "",
               *table(["target", "before", "after (median)", "result", "largest parts (after)"],
@@ -853,7 +856,7 @@ def render(results: dict[str, Any], images: Path | None, source: str, before: Be
                   "*COPYs*: data-bearing steps of the committed plan; *minimum*: ideal copies whose node owns no data "
                   "(counted in SQL); *balance min*: the copies a failed or leaving node held, or a joining node's "
                   "fair share. Makespans: the committed plan at the default cap (`migration.max_parallel_per_node`) "
-                  "under the cost model of docs/PLANNING.md; *bound* is the lower bound of ours.", ""]
+                  "under the cost model of docs/PLANNING.md; *bound* is the lower bound of portfolio.", ""]
     else:
         lines += ["No scenario was run.", ""]
     if measured(results):
@@ -867,10 +870,10 @@ def render(results: dict[str, Any], images: Path | None, source: str, before: Be
     if caps:
         lines += ["## Makespan against the per-node cap (M)", "",
                   "The plan each M exchange committed, re-scheduled by the three policies at each cap "
-                  "(`migration.max_parallel_per_node`); the lower bound is that of ours. Serial runs one step at a "
-                  "time, so the cap does not change it.", "",
-                  *table(["change", "cap", "ours", "hazelcast", "serial", "lower bound", "ours / bound",
-                          "hazelcast / ours"], caps), ""]
+                  "(`migration.max_parallel_per_node`); the lower bound is that of portfolio. Serial runs one step "
+                  "at a time, so the cap does not change it.", "",
+                  *table(["change", "cap", "portfolio", "hazelcast", "serial", "lower bound", "portfolio / bound",
+                          "hazelcast / portfolio"], caps), ""]
     for name, title, render_table, text in (
         ("migrations", "Hazelcast's scale-down in our cost model (`bench/migrations.py`)", migrations_table,
          "Hazelcast's cluster; the graceful scale-down keeps node9 alive as a supplier until its data has moved "
@@ -1006,11 +1009,11 @@ def plot(results: dict[str, Any], images: Path, before: Before) -> list[Path]:
         for ax, c in zip(axes[0], sweeps, strict=True):
             caps = c["result"]["migrations"]["caps"]
             xs = [int(k) for k in caps]
-            # hazelcast often ties with ours: hollow, larger markers keep both visible
+            # hazelcast often ties with portfolio: hollow, larger markers keep both visible
             for key, label, style, extra in (
                 ("serial_s", "serial", "-^", {}),
                 ("hazelcast_s", "hazelcast", "-s", {"markersize": 9, "markerfacecolor": "none"}),
-                ("ours_s", "ours", "-o", {"markersize": 4}),
+                ("portfolio_s", "portfolio", "-o", {"markersize": 4}),
                 ("lower_bound_s", "lower bound", "--", {"color": "black", "linewidth": 1}),
             ):
                 ax.plot(xs, [caps[k][key] for k in caps], style, label=label, **extra)

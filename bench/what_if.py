@@ -131,7 +131,7 @@ def main() -> None:
     print(markdown(result))
 
 
-TARGET_S = 300  # issue 17: every single failure of XL in at most 5 minutes on this machine
+TARGET_S = 300  # the section's target: every single failure of XL answered in at most 5 minutes on this machine
 
 
 def section(r: dict[str, Any]) -> str:
@@ -142,7 +142,7 @@ def section(r: dict[str, Any]) -> str:
     worst = runs[0]["worst"] if runs else None
     met = best is not None and best <= TARGET_S and (whole is None or whole <= TARGET_S)
     lines = [
-        "## What if (`bench/what_if.py`, issue 17)",
+        "## What if (`bench/what_if.py`)",
         "",
         f"Measured by `.venv/bin/python bench/what_if.py` (sweep {', '.join(r['sweeps'])}) at {r['measured_at']}, "
         f"commit `{r['commit']}`{' with uncommitted changes' if r['dirty'] else ''}, {r['machine']['cpus']} cores, "

@@ -29,13 +29,14 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rebalancer.affinity.balanced import BalancedGroup, place_balanced
+from rebalancer.affinity.balanced import place_balanced
 from rebalancer.affinity.ideal import previous_placement
 from rebalancer.affinity.nodeset import NodeSet
+from rebalancer.groups import GroupSettings
 from rebalancer.inputs import latest_version, read_as_consumed
 from rebalancer.storage import Warehouse
 from rebalancer.tables import version_where
-from rebalancer.vocabulary import OWNING, REPLICATED
+from rebalancer.vocabulary import OWNING
 
 __all__ = ["BalanceReport", "NodeBalance", "evaluate"]
 
@@ -151,9 +152,10 @@ def evaluate(warehouse: Warehouse, version: tuple[int, int] | None = None, sprea
                          for n in ids])
 
     ideal = warehouse.read_arrow("ideal_assignment", where=where)
-    groups = {r["group_name"]: r for r in read_as_consumed(warehouse, "cache_groups", exchange).to_pylist()}
+    group_rows = {r["group_name"]: r for r in read_as_consumed(warehouse, "cache_groups", exchange).to_pylist()}
     running = sorted(set(ideal.column("group_name").to_pylist()))
-    replicated = [g for g in running if (groups[g]["mode"] or "PARTITIONED") == REPLICATED]
+    groups = {g: GroupSettings.from_row(group_rows[g]) for g in running}
+    replicated = [g for g in running if groups[g].replicated]
     partitioned = ideal.filter(pc.invert(pc.is_in(ideal.column("group_name"), pa.array(replicated, pa.string()))))
     replicas = _counts(ids, partitioned.column("node_id"))
     primaries = _counts(ids, ideal.filter(pc.equal(ideal.column("replica_index"), 0)).column("node_id"))
@@ -176,13 +178,12 @@ def evaluate(warehouse: Warehouse, version: tuple[int, int] | None = None, sprea
 
 
 def _balanced_alternative(
-    nodes: NodeSet, groups: Iterable[dict[str, Any]], replicated: set[str], ideal: pa.Table, spread: bool
+    nodes: NodeSet, groups: Iterable[GroupSettings], replicated: set[str], ideal: pa.Table, spread: bool
 ) -> tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Copies ``balanced`` would add against ``ideal``, and its replicas and primaries per node."""
     width = len(nodes)
     replicas, primaries = np.zeros(width, np.int64), np.zeros(width, np.int64)
-    wanted = [BalancedGroup(g["group_name"], int(g["partitions"]), int(g["backups"]), g["mode"] or "PARTITIONED",
-                            bool(g["exclude_neighbors"]), tuple(g["backup_filter"] or ())) for g in groups]
+    wanted = list(groups)
     if not wanted or width == 0:
         return 0, replicas, primaries
     matrices = place_balanced(wanted, nodes, spread=spread, previous=previous_placement(ideal)).matrices

@@ -1,4 +1,15 @@
-"""The ``rebalancer`` command line: a thin layer over :mod:`rebalancer.operations`.
+"""The ``rebalancer`` command line: a thin layer over the engine's entry points.
+
+Each command parses its options, opens the workspace (settings, warehouse and, when it needs one, the Spark
+session: :class:`rebalancer.workspace.Workspace`), calls one engine function and prints what it returns through
+:mod:`rebalancer.console`. The functions live with what they do: :mod:`rebalancer.operations` holds the small
+warehouse operations that have no module of their own (``generate``, ``event``, ``vacuum``, ``export-affinity``
+and ``route``); the other commands call their own module: ``exchange``
+:func:`rebalancer.pipeline.run_exchange`, ``what-if`` :mod:`rebalancer.what_if`, ``explain``
+:mod:`rebalancer.explain`, ``simulate`` :mod:`rebalancer.twin.simulate`, ``report`` :mod:`rebalancer.report`,
+``balance`` :mod:`rebalancer.balance`, ``demo`` :mod:`rebalancer.demo`, the ``kafka`` and ``ignite`` commands
+:mod:`rebalancer.kafka.drive` and :mod:`rebalancer.ignite.collect`, ``init`` :mod:`rebalancer.formats` and
+``upgrade`` :mod:`rebalancer.upgrade`; ``sql`` runs a query over the warehouse's tables as Spark views.
 
 Errors print one sentence (``error: ...``; for an error raised in the JVM, its innermost Java cause) and exit 1;
 ``--verbose`` prints the full traceback before it, ``REBALANCER_DEBUG=1`` re-raises.

@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["ConfigError", "IgniteSettings", "Settings", "load_settings"]
+__all__ = [
+    "AUTO_ENGINE", "DELTA_RS", "DELTA_SPARK", "ConfigError", "EngineSetting", "IgniteSettings", "Settings",
+    "load_settings",
+]
+
+#: What ``storage.engine`` may say: the storage engines' names, declared here once (config is validated before
+#: storage is imported; :data:`rebalancer.storage.ENGINES` maps each name to how its warehouse is opened), and
+#: ``auto``: the session decides (delta-spark when the Delta classes are in it, else delta-rs).
+EngineSetting = Literal["auto", "delta-spark", "delta-rs"]
+AUTO_ENGINE, DELTA_SPARK, DELTA_RS = get_args(EngineSetting)
 
 
 class ConfigError(ValueError):
@@ -25,7 +34,7 @@ class _Strict(BaseModel):
 
 
 class StorageSettings(_Strict):
-    engine: Literal["auto", "delta-spark", "delta-rs"] = "auto"
+    engine: EngineSetting = AUTO_ENGINE
     warehouse: str = "warehouse"
     catalog_prefix: str = Field("", pattern=r"^([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?)?$")
     commit_retries: int = Field(5, ge=0, le=100)

@@ -33,6 +33,7 @@ from rebalancer.affinity.assign import assign_indexes
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.affinity.rendezvous import weight
 from rebalancer.config import Settings
+from rebalancer.groups import GroupSettings
 from rebalancer.inputs import read_as_consumed
 from rebalancer.storage import Warehouse
 from rebalancer.tables import version_where
@@ -41,12 +42,13 @@ from rebalancer.vocabulary import (
     COPY,
     DROP,
     HISTORICAL,
+    IGNITE_AFFINITY,
     LOST,
     MOVING,
     OWNING,
     PROMOTE,
+    RENDEZVOUS,
     RENTING,
-    REPLICATED,
     RESET_TO_MOVING,
     SIZE_MISMATCH,
 )
@@ -91,6 +93,7 @@ def explain(warehouse: Warehouse, settings: Settings, group: str, partition: int
     g = _one(groups.filter(pc.equal(pc.field("group_name"), group)).to_pylist(), group)
     if not 0 <= partition < int(g["partitions"]):
         raise ExplainError(f"group {group!r} has partitions 0..{int(g['partitions']) - 1}, not {partition}")
+    group_settings = GroupSettings.from_row(g)
     key: dict[str, Any] = {**where, "group_name": group, "partition_id": partition}
     ideal = sorted(warehouse.read_arrow("ideal_assignment", where=key).to_pylist(), key=lambda r: r["replica_index"])
     assignment = sorted(warehouse.read_arrow("affinity_assignment", where=key).to_pylist(),
@@ -114,8 +117,8 @@ def explain(warehouse: Warehouse, settings: Settings, group: str, partition: int
         "version": list(v),
         "exchange": {"exchange_id": exchange["exchange_id"], "exchange_type": exchange["exchange_type"]},
         "settings": settings_row,
-        "candidates": _candidates(g, ideal, servers, nodes, exchange, settings),
-        "copies": _copies(copies, ideal, conflicts, lost, before, steps, g),
+        "candidates": _candidates(group_settings, ideal, servers, nodes, exchange, settings),
+        "copies": _copies(copies, ideal, conflicts, lost, before, steps, group_settings),
         "serving": _serving(assignment, ideal, copies),
         "lost": _lost(lost),
         "plan": _plan(steps, plan, copies, settings),
@@ -169,27 +172,29 @@ def _previous_copies(warehouse: Warehouse, rows: list[dict[str, Any]], exchange:
 # =====================================================================================================================
 
 
-def _candidates(g: Mapping[str, Any], ideal: Sequence[Mapping[str, Any]], servers: Sequence[Mapping[str, Any]],
+def _candidates(g: GroupSettings, ideal: Sequence[Mapping[str, Any]], servers: Sequence[Mapping[str, Any]],
                 nodes: Mapping[str, Mapping[str, Any]], exchange: Mapping[str, Any],
                 settings: Settings) -> list[dict[str, Any]]:
     """Every placement candidate in rank order, taken or skipped and why."""
     alive = {r["node_id"] for r in servers}
     draining = set(exchange.get("draining_nodes") or [])
     baseline = exchange.get("baseline_nodes")
-    persistent = g.get("persistent") is not False
-    pool = sorted(set(baseline) if persistent and baseline is not None else alive)
+    pool = sorted(set(baseline) if g.persistent and baseline is not None else alive)
     ranked_over = [nodes[n] for n in pool if n in nodes]
     partition = int(ideal[0]["partition_id"]) if ideal else None
     taken = {r["node_id"]: int(r["replica_index"]) for r in ideal}
-    affinity = g.get("affinity") or "rendezvous"
+    affinity = g.affinity
     if partition is None or not ranked_over:
         return []
     node_set = NodeSet.from_rows(ranked_over)
-    order = assign_indexes([partition], node_set, len(node_set) - 1, "ignite" if affinity == "ignite" else
-                           "rendezvous", "PARTITIONED", False, (), settings.affinity.ignite_ids_as_strings)[0]
+    # Every candidate in the ranking's order: the affinity's ranking (a balanced placement is ranked as rendezvous)
+    # with a replica per node, no constraint.
+    every_node = GroupSettings(g.name, g.partitions, len(node_set) - 1,
+                               affinity=IGNITE_AFFINITY if affinity == IGNITE_AFFINITY else RENDEZVOUS)
+    order = assign_indexes([partition], node_set, every_node, settings.affinity.ignite_ids_as_strings)[0]
     ranked = [node_set.node_ids[i] for i in order if i >= 0]
-    replicas = len(pool) if (g.get("mode") or "PARTITIONED") == REPLICATED else min(int(g["backups"]) + 1, len(pool))
-    filters = tuple(g.get("backup_filter") or ())
+    replicas = len(pool) if g.replicated else min(g.backups + 1, len(pool))
+    filters = g.backup_filter
     # SPEC 4: with unequal capacities the rank is by capacity / -ln((weight + 0.5) / 2^32), not by weight
     weighted = affinity != "ignite" and any(float(nodes[n].get("capacity") or 1.0) != 1.0 for n in ranked)
     out = []
@@ -217,7 +222,7 @@ def _candidates(g: Mapping[str, Any], ideal: Sequence[Mapping[str, Any]], server
             entry["reason"] = (f"not needed: the list had its {replicas} replicas from higher ranks"
                                + (" (ranked by capacity-weighted score: capacity / -ln((weight + 0.5) / 2^32))"
                                   if weighted else ""))
-        elif g.get("exclude_neighbors") and any(nodes[m].get("host") == row.get("host") for m in above):
+        elif g.exclude_neighbors and any(nodes[m].get("host") == row.get("host") for m in above):
             m = next(m for m in above if nodes[m].get("host") == row.get("host"))
             entry["reason"] = f"neighbour: same host {row.get('host')!r} as {m}, already in the list"
         elif filters and (clash := _filter_clash(row, [nodes[m] for m in above], filters)) is not None:
@@ -253,7 +258,7 @@ def _filter_clash(row: Mapping[str, Any], chosen: Sequence[Mapping[str, Any]], n
 def _copies(copies: Sequence[Mapping[str, Any]], ideal: Sequence[Mapping[str, Any]],
             conflicts: Mapping[str, Mapping[str, Any]], lost: Sequence[Mapping[str, Any]],
             before: Mapping[str, Mapping[str, Any]] | None, steps: Sequence[Mapping[str, Any]],
-            g: Mapping[str, Any]) -> list[dict[str, Any]]:
+            g: GroupSettings) -> list[dict[str, Any]]:
     ideal_nodes = {r["node_id"] for r in ideal}
     top = max((int(c["update_counter"] or 0) for c in copies if c["state"] == OWNING), default=None)
     out = []
@@ -280,7 +285,7 @@ def _copies(copies: Sequence[Mapping[str, Any]], ideal: Sequence[Mapping[str, An
             reason = ("surplus: not in the ideal list; kept RENTING while the ideal nodes load, then dropped"
                       if n not in ideal_nodes else "RENTING")
         elif state == LOST:
-            policy = lost[0]["loss_policy"] if lost else g.get("loss_policy")
+            policy = lost[0]["loss_policy"] if lost else g.loss_policy
             was = "" if had is None else f" (was {had['state']})"
             reason = (f"LOST{was}: the partition lost every OWNING copy; under {policy} it stays LOST until "
                       "RESET_LOST_PARTITIONS")

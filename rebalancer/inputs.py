@@ -15,7 +15,8 @@ nodes; the valid ones stay cached for the kernel.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,16 +28,26 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from rebalancer.collecting import record_rejections
 from rebalancer.config import Settings
-from rebalancer.exchange.events import ClusterState, Event, NodeInfo, Rejection, TopologyState, late_events
+from rebalancer.exchange.events import (
+    ClusterState,
+    Event,
+    ExchangeStep,
+    NodeInfo,
+    Rejection,
+    TopologyState,
+    coordinator_of,
+    late_events,
+    plan_exchanges,
+)
 from rebalancer.storage import Warehouse
 from rebalancer.tables import INPUT_TABLES, REJECTED_ROWS
 from rebalancer.validation import ROW_COLUMN, Consumer, InvalidInputError, Validated, validate_inputs
 from rebalancer.validation_local import References, bad_reports, bad_small_tables, spec_typed
-from rebalancer.vocabulary import COPY_KEY
+from rebalancer.vocabulary import COPY_KEY, LATE_AFFINITY_SWITCH, NONE
 
 __all__ = [
-    "Committed", "Inputs", "Reports", "cluster_columns", "cluster_of", "last_committed",
-    "latest_version", "read_as_consumed", "read_inputs",
+    "Committed", "Inputs", "Reports", "Run", "cluster_columns", "cluster_of", "last_committed",
+    "latest_version", "read_as_consumed", "read_inputs", "read_run",
     "record_rejections", "validate_reports",
 ]
 
@@ -402,3 +413,83 @@ def _valid(name: str, rows: pa.Table, rejected: pa.Table, validated: Validated) 
     if all(f.name in kept.column_names and kept.schema.field(f.name).type == f.type for f in spec):
         return kept.select(spec.names)
     return validated.valid[name].toArrow().cast(spec)
+
+
+@dataclass
+class Run:
+    """What one ``rebalancer exchange`` run starts from, read and judged once (its ``inputs`` stage).
+
+    Attributes:
+        committed: the newest committed version (None before the first exchange).
+        inputs: the input tables' new rows, validated.
+        steps: the exchanges the pending events make, in order (none: maybe a late affinity switch).
+        switch: with no steps, the late affinity switch the run may commit when its partitions are ready.
+        reports: the new reports validated for the version that consumes them (the first step that is not
+            ``NONE``, or the switch), or None.
+    """
+
+    committed: Committed | None
+    inputs: Inputs
+    steps: list[ExchangeStep]
+    switch: ExchangeStep | None
+    reports: Reports | None
+
+    def release(self) -> None:
+        if self.reports is not None:
+            self.reports.release()
+
+
+def read_run(spark: SparkSession, warehouse: Warehouse, settings: Settings) -> Run:
+    """Read what is new since the last committed version, plan the exchanges its events make, validate the new
+    reports for the exchange that consumes them, and record every rejected row (once: a row recorded before is
+    not appended again).
+
+    The reports a late affinity switch would consume are recorded when it commits: if its partitions are not
+    ready, nothing is committed and a later run judges them again, perhaps for another version.
+
+    Raises:
+        InvalidInputError: strict validation found bad rows (nothing is recorded).
+        InputSchemaError: an input table misses a column or has one of an unusable type.
+    """
+    warehouse.create_tables()
+    committed = last_committed(warehouse)
+    first_id = (committed.exchange_id if committed else 0) + 1
+    inputs = read_inputs(spark, warehouse, settings, committed, first_id)
+    state = committed.state if committed else TopologyState()
+    steps, rejections = plan_exchanges(state, inputs.events, inputs.node_catalog,
+                                       inputs.groups.column("group_name").to_pylist(), settings.baseline)
+    rejections = inputs.late + rejections
+    if rejections and settings.validation.strict:
+        raise InvalidInputError.of({"topology_events": len(rejections)},
+                                   {"topology_events": [r.reason for r in rejections]})
+    switch = None
+    if not steps and committed is not None and state.cluster.active:  # an inactive cluster moves no data
+        switch = ExchangeStep(state.major, state.minor + 1, LATE_AFFINITY_SWITCH, (), state.alive, state.groups,
+                              coordinator=coordinator_of(state.alive), cluster=state.cluster)
+    consumer = next((s for s in steps if s.exchange_type != NONE), switch)
+    reports = None
+    if consumer is not None and inputs.has_reports:
+        servers = tuple(sorted(n for n, i in consumer.alive.items() if not i.is_client))
+        reports = validate_reports(spark, warehouse, settings, inputs,
+                                   Consumer(f"{consumer.major}.{consumer.minor}", servers,
+                                            tuple(sorted(consumer.groups))),
+                                   first_id + (steps.index(consumer) if consumer in steps else 0))
+    rejected = [inputs.rejected, _event_rejections(rejections, first_id)]
+    if reports is not None and consumer is not switch:
+        rejected.append(reports.rejected)
+    record_rejections(warehouse, pa.concat_tables(rejected))
+    return Run(committed, inputs, steps, switch, reports)
+
+
+def _event_rejections(rejections: Sequence[Rejection], exchange_id: int) -> pa.Table:
+    rows = [
+        {
+            "table_name": "topology_events",
+            "row_json": json.dumps({"event_seq": r.event.event_seq, "event_type": r.event.event_type,
+                                    "node_id": r.event.node_id, "group_name": r.event.group_name}),
+            "reason": r.reason,
+            "exchange_id": exchange_id,
+        }
+        for r in rejections
+    ]
+    return pa.Table.from_pylist(rows, schema=REJECTED_ARROW)

@@ -16,8 +16,9 @@ from pyspark.sql import functions as F
 from rebalancer.config import Settings
 from rebalancer.generate import GeneratedCluster, generate_cluster
 from rebalancer.inputs import latest_version as latest_committed_version
-from rebalancer.pipeline import VERSIONED_TABLES, Meter
+from rebalancer.pipeline import VERSIONED_TABLES
 from rebalancer.producers import AppendedEvent, EventError, append_event, check_event
+from rebalancer.stages.meter import Meter
 from rebalancer.storage import Warehouse
 from rebalancer.tables import INPUT_TABLES, OUTPUT_TABLES, SCHEMAS
 from rebalancer.validation import validate_inputs

@@ -17,7 +17,7 @@ from typing import cast
 from pyspark.sql import SparkSession
 
 from rebalancer import delta_jars
-from rebalancer.config import SparkSettings, StorageSettings
+from rebalancer.config import DELTA_RS, SparkSettings, StorageSettings
 
 __all__ = ["CLASS_ARCHIVE", "LOCAL_SPARK_CONF", "get_spark", "java_options", "wants_delta_jars"]
 
@@ -62,7 +62,7 @@ LOCAL_SPARK_CONF: dict[str, str] = {
 def wants_delta_jars(storage: StorageSettings) -> bool:
     """Whether a session rebalancer builds for these storage settings carries the Delta jars: for ``auto`` (which
     then picks delta-spark whenever the install fetched them) and ``delta-spark``; not for ``delta-rs``."""
-    return storage.engine != "delta-rs"
+    return storage.engine != DELTA_RS
 
 
 def get_spark(

@@ -22,6 +22,7 @@ __all__ = [
     "CLUSTER_EVENTS",
     "COPY",
     "COPY_KEY",
+    "DEFAULT_PARTITIONER",
     "DROP",
     "ENTRIES",
     "EVENT_TYPES",
@@ -53,6 +54,7 @@ __all__ = [
     "READ_ONLY_SAFE",
     "READ_WRITE_SAFE",
     "REBALANCE_MODES",
+    "RENDEZVOUS",
     "RENTING",
     "REPLICATED",
     "RESET_LOST",
@@ -119,10 +121,12 @@ LOSS_POLICIES: Final = (READ_ONLY_SAFE, READ_WRITE_SAFE, IGNORE)
 PARTITIONED: Final = "PARTITIONED"
 REPLICATED: Final = "REPLICATED"
 MODES: Final = (PARTITIONED, REPLICATED)
+RENDEZVOUS: Final = "rendezvous"  # rendezvous-mmh3-v1, one group at a time (rebalancer.affinity.rendezvous)
 BALANCED: Final = "balanced"  # places every balanced group together (rebalancer.affinity.balanced)
 IGNITE_AFFINITY: Final = "ignite"  # Ignite's RendezvousAffinityFunction, bit for bit (rebalancer.affinity.ignite)
-AFFINITIES: Final = ("rendezvous", IGNITE_AFFINITY, BALANCED)
+AFFINITIES: Final = (RENDEZVOUS, IGNITE_AFFINITY, BALANCED)
 PARTITIONERS: Final = ("murmur3", "ignite", "hazelcast")
+DEFAULT_PARTITIONER: Final = "murmur3"  # of a group whose affinity is not ignite (SPEC section 2)
 BACKUP_FILTER_DEFAULT: Final[tuple[str, ...]] = ()
 MAX_PARTITIONS: Final = 65536  # SPEC section 2: cache_groups.partitions is 1..65536
 

@@ -17,7 +17,7 @@ import tempfile
 import time
 
 from rebalancer import delta_jars
-from rebalancer.config import Settings, SparkSettings
+from rebalancer.config import DELTA_RS, DELTA_SPARK, Settings, SparkSettings
 from rebalancer.operations import generate_into
 from rebalancer.pipeline import run_exchange
 from rebalancer.producers import append_event
@@ -39,7 +39,7 @@ def main() -> None:
         extra_conf={"spark.driver.extraJavaOptions": java_options("make")},
         delta=True,
     )
-    engines = ["delta-rs", *(["delta-spark"] if delta_jars.jars() else [])]
+    engines = [DELTA_RS, *([DELTA_SPARK] if delta_jars.jars() else [])]
     for engine in engines:
         with tempfile.TemporaryDirectory(prefix="rebalancer-warmup-") as directory:
             settings = Settings().with_overrides(storage={"warehouse": directory, "engine": engine})

@@ -2,8 +2,8 @@
 
 A *scenario* is a set of events (``NODE_FAILED node3; NODE_FAILED node7``): written by hand, or made by a sweep
 (every alive server failing alone, every host, every value of a node attribute such as ``zone``). For each one the
-driver decides, as :func:`rebalancer.pipeline.run_exchange` would, the exchange the events make and which
-partitions it recomputes (:func:`rebalancer.pipeline.hypothetical_exchanges`; a single failure recomputes the
+driver decides, as :func:`rebalancer.pipeline.run_exchange` would and with the same stages, the exchange the
+events make and which partitions it recomputes (:class:`Hypothetical`; a single failure recomputes the
 partitions with a copy on the failed node, not the cluster). Then one Spark query does the work of every scenario:
 
 1. the keys ``(scenario, group_name, partition_id)`` of every recomputed partition, joined with the committed
@@ -31,6 +31,7 @@ Figures, per scenario (docs/OPERATIONS.md "What if"):
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections import Counter
@@ -47,22 +48,17 @@ from pyspark.sql import functions as F
 
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.config import Settings
-from rebalancer.exchange.events import Event
-from rebalancer.exchange.kernel import (
-    ASSIGNMENT,
-    INPUT_SCHEMA,
-    LOST_ROW,
-    MAP,
-    PARTITION,
-    VERSION,
-    GroupSettings,
-    KernelContext,
-    decide,
-)
-from rebalancer.pipeline import Hypothesis, Hypothetical, Meter, placed_onto, tagged
+from rebalancer.exchange.events import Event, ExchangeStep, plan_exchanges
+from rebalancer.exchange.kernel import INPUT_SCHEMA, MAP, PARTITION, KernelContext, decide
+from rebalancer.groups import GroupSettings
+from rebalancer.inputs import Committed, last_committed, read_inputs
 from rebalancer.planning.plan import finish_plan, schedule_plan
+from rebalancer.stages.meter import Meter
+from rebalancer.stages.placement import Placements, kernel_context, place, placed_onto
+from rebalancer.stages.previous import Previous
+from rebalancer.stages.rows import KernelRows, kernel_input, tagged
+from rebalancer.stages.scope import Scope, ScopeFacts, decide_scope
 from rebalancer.storage import Warehouse
-from rebalancer.tables import version_where
 from rebalancer.vocabulary import (
     CLUSTER_EVENTS,
     COPY,
@@ -70,6 +66,7 @@ from rebalancer.vocabulary import (
     GROUP_EVENTS,
     NODE_EVENTS,
     NODE_FAILED,
+    NONE,
     OWNING,
     PARTITION_KEY,
     REPLICATED,
@@ -77,6 +74,8 @@ from rebalancer.vocabulary import (
 
 __all__ = [
     "FIGURES",
+    "Hypothesis",
+    "Hypothetical",
     "Scenario",
     "ScenarioError",
     "WhatIfRun",
@@ -104,6 +103,79 @@ _RESULT = pa.schema(
 
 
 _EMPTY_INPUT = INPUT_SCHEMA.empty_table()
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One exchange decided but not run: what its kernel would be given.
+
+    Attributes:
+        step: the exchange the event set makes.
+        groups: its running groups.
+        context: the kernel's exchange-wide facts.
+        scope: the partitions it recomputes.
+    """
+
+    step: ExchangeStep
+    groups: dict[str, GroupSettings]
+    context: KernelContext
+    scope: Scope
+
+
+class Hypothetical:
+    """Exchanges decided but not run: for an event set, the exchange it would make after the latest committed
+    version and which partitions that exchange recomputes, decided by the stages :func:`run_exchange
+    <rebalancer.pipeline.run_exchange>` runs; nothing is run or written.
+
+    Only the committed state counts: pending events and reports in the input tables are not applied.
+
+    Attributes:
+        committed: the latest committed version.
+        node_rows: the ``nodes`` rows by node id.
+
+    Raises:
+        ValueError: nothing is committed yet.
+    """
+
+    def __init__(self, spark: SparkSession, warehouse: Warehouse, settings: Settings) -> None:
+        committed = last_committed(warehouse)
+        if committed is None:
+            raise ValueError("what-if starts from the latest committed version and there is none yet: "
+                             "run `rebalancer exchange` first")
+        self.committed: Committed = committed
+        self.previous = Previous(warehouse, committed)
+        self._spark, self._warehouse, self._settings = spark, warehouse, settings
+        inputs = read_inputs(spark, warehouse, settings, committed, committed.exchange_id + 1)
+        self.node_rows: dict[str, dict[str, Any]] = {r["node_id"]: r for r in inputs.nodes.to_pylist()}
+        self._group_rows = {r["group_name"]: r for r in inputs.groups.to_pylist()}
+        self._facts = ScopeFacts(self.node_rows, self._group_rows, inputs.nodes, inputs.groups, inputs.versions)
+        self._catalog = inputs.node_catalog
+
+    def decide(self, events: Sequence[Event]) -> Hypothesis | str:
+        """The :class:`Hypothesis` of ``events`` (numbered above the committed ones), or why they make none: an
+        event the exchange would reject, or events that make more than one exchange (node events go together, a
+        cluster or cache event is an exchange of its own)."""
+        before = self.committed.state
+        steps, rejected = plan_exchanges(before, events, self._catalog, list(self._group_rows),
+                                         self._settings.baseline)
+        if rejected:
+            return "; ".join(r.reason for r in rejected)
+        if len(steps) != 1:
+            return (f"these events make {len(steps)} exchanges, not one: node events go together, a cluster or "
+                    "cache event is an exchange of its own")
+        [step] = steps
+        groups = {g: GroupSettings.from_row(self._group_rows[g]) for g in sorted(step.groups)}
+        alive = NodeSet.from_rows([self.node_rows[n] for n, i in step.alive.items() if not i.is_client])
+        placements = place(step, self.previous, groups, alive, self.node_rows, self._settings, self._warehouse)
+        if step.exchange_type == NONE:  # clients only: the version repeats the previous one's decisions
+            scope = Scope(everything=False, keys=frozenset(self.previous.unstable_keys()))
+        else:
+            scope = decide_scope(self._spark, step, self.previous, self._facts, groups, placements, alive, None,
+                                 self._settings)
+        context = kernel_context(alive, {n: i.node_order for n, i in step.alive.items()}, groups,
+                                 frozenset(g for g in groups if g in step.new_groups or g not in before.groups),
+                                 frozenset(step.reset_groups) & frozenset(groups), placements, self._settings)
+        return Hypothesis(step, groups, context, scope)
 
 
 class ScenarioError(ValueError):
@@ -248,7 +320,7 @@ def what_if(
             if problems:
                 raise ScenarioError("; ".join(problems))
         with meter.stage("evaluate"):
-            result = _evaluate(spark, warehouse, settings, committed.version, outcomes, hypothetical.node_rows)
+            result = _evaluate(spark, hypothetical.previous, settings, outcomes, hypothetical.node_rows)
         run_id = f"{created_at:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
         index = result.column(SCENARIO).to_pylist()
         n = result.num_rows
@@ -298,6 +370,8 @@ class _Facts:
 
     servers: tuple[str, ...]
     groups: int  # index into the shared group settings
+    started: frozenset[str]
+    reset: frozenset[str]
     placements: Mapping[str, int]  # index into the shared matrices, for the groups not listed
     listed: Mapping[str, tuple[int, int]]  # indexes into the shared node lists and matrices
     active: bool
@@ -305,11 +379,34 @@ class _Facts:
     replicas: int  # index into the shared per-node ideal counts of the committed version
 
 
-def _evaluate(spark: SparkSession, warehouse: Warehouse, settings: Settings, version: tuple[int, int],
-              outcomes: Sequence[Hypothesis], node_rows: Mapping[str, Mapping[str, Any]]) -> pa.Table:
-    where = version_where(version)
-    committed_map = warehouse.read_arrow("partition_map", where=where)
-    committed_ideal = warehouse.read_arrow("ideal_assignment", where=where)
+class _ScenarioRows(KernelRows[DataFrame]):
+    """Every scenario's recomputed partitions at once: the committed rows joined with the ``(scenario, group_name,
+    partition_id)`` keys, tagged with the scenario."""
+
+    def __init__(self, spark: SparkSession, previous: Previous, keys: pa.Table) -> None:
+        self.spark, self.previous = spark, previous
+        self._keys = F.broadcast(spark.createDataFrame(keys))
+
+    def table(self, rows: pa.Table) -> DataFrame:
+        return self.spark.createDataFrame(rows)
+
+    def read(self, name: str) -> DataFrame:
+        return self.previous.frame(name)
+
+    def markers(self) -> DataFrame:
+        return self._keys
+
+    def unsettled(self, frame: DataFrame) -> DataFrame:
+        return frame.join(self._keys, list(PARTITION_KEY))
+
+    def tagged(self, frame: DataFrame, kind: int) -> DataFrame:
+        return tagged(frame, kind, keep=[SCENARIO])
+
+
+def _evaluate(spark: SparkSession, previous: Previous, settings: Settings, outcomes: Sequence[Hypothesis],
+              node_rows: Mapping[str, Mapping[str, Any]]) -> pa.Table:
+    committed_map = previous.arrow("partition_map")
+    committed_ideal = previous.arrow("ideal_assignment")
     group_sets: list[dict[str, GroupSettings]] = []
     shared_lists = _Pool()  # node lists and matrices of the scenarios' placements, each shipped once
     shared_matrices = _Pool()
@@ -329,13 +426,13 @@ def _evaluate(spark: SparkSession, warehouse: Warehouse, settings: Settings, ver
             replica_keys[running] = len(replica_sets)
             replica_sets.append(_per_node(_rows_of(committed_ideal, running)))
             unprotected[running] = _without_backup(_rows_of(committed_map, running), h.groups)
-        whole = set(h.groups) if h.everything else set(h.whole_groups) & set(h.groups)
-        for name in sorted(whole):
+        whole = h.scope.whole_groups(list(h.groups))
+        for name in whole:
             n = h.groups[name].partitions
             keys[SCENARIO] += [i] * n
             keys["group_name"] += [name] * n
             keys["partition_id"] += range(n)
-        singles = sorted(k for k in h.keys if k[0] in h.groups and k[0] not in whole)
+        singles = sorted(k for k in h.scope.keys if k[0] in h.groups and k[0] not in whole)
         keys[SCENARIO] += [i] * len(singles)
         keys["group_name"] += [k[0] for k in singles]
         keys["partition_id"] += [k[1] for k in singles]
@@ -345,27 +442,15 @@ def _evaluate(spark: SparkSession, warehouse: Warehouse, settings: Settings, ver
                   for name, (ids, m) in h.context.listed.items()}
         placements = {name: shared_matrices.index(m) for name, m in h.context.placements.items() if name not in listed}
         facts.append(_Facts(
-            servers=tuple(h.context.nodes.node_ids), groups=g, placements=placements,
-            listed=listed, active=h.step.cluster.active,
+            servers=tuple(h.context.nodes.node_ids), groups=g, started=h.context.started, reset=h.context.reset,
+            placements=placements, listed=listed, active=h.step.cluster.active,
             without_backup_committed=unprotected[running],
             replicas=replica_keys[running],
         ))
     key_table = pa.table(keys, schema=pa.schema([(SCENARIO, pa.int32()), ("group_name", pa.string()),
                                                   ("partition_id", pa.int32())]))
-    key_frame = F.broadcast(spark.createDataFrame(key_table))
-    parts: list[DataFrame] = [tagged(key_frame, PARTITION, keep=[SCENARIO])]
-    for name, kind in (("partition_map", MAP), ("affinity_assignment", ASSIGNMENT),
-                       ("partition_versions", VERSION), ("ideal_assignment", IDEAL_BEFORE)):
-        joined = warehouse.read(name, where=where).join(key_frame, list(PARTITION_KEY))
-        parts.append(tagged(joined, kind, keep=[SCENARIO]))
-    lost = warehouse.read_arrow("lost_partitions", where=where).select(list(PARTITION_KEY))
-    if lost.num_rows:
-        lost_keys = key_table.join(lost, list(PARTITION_KEY), join_type="inner")
-        if lost_keys.num_rows:
-            parts.append(tagged(spark.createDataFrame(lost_keys), LOST_ROW, keep=[SCENARIO]))
-    rows = parts[0]
-    for p in parts[1:]:
-        rows = rows.unionByName(p)
+    rows = _ScenarioRows(spark, previous, key_table)
+    parts = [*kernel_input(rows, None), rows.tagged(rows.unsettled(rows.read("ideal_assignment")), IDEAL_BEFORE)]
     shared = _Shared(tuple(facts), tuple(group_sets), tuple(replica_sets), dict(node_rows), settings,
                      tuple(shared_lists.values), tuple(shared_matrices.values))
 
@@ -374,7 +459,8 @@ def _evaluate(spark: SparkSession, warehouse: Warehouse, settings: Settings, ver
 
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    out = rows.groupBy(SCENARIO).applyInArrow(run, from_arrow_schema(_RESULT)).toArrow()
+    out = functools.reduce(DataFrame.unionByName, parts).groupBy(SCENARIO) \
+        .applyInArrow(run, from_arrow_schema(_RESULT)).toArrow()
     # a scenario that recomputes nothing (a server holding no copy fails) has no rows in the pass: its figures are
     # the committed version's, computed here from no rows
     nothing = _EMPTY_INPUT.append_column(SCENARIO, pa.array([], pa.int32()))
@@ -418,17 +504,14 @@ def figures(scenario: int, table: pa.Table, shared: _Shared) -> pa.Table:
     """One scenario's figures from its tagged rows (what each group of the Spark pass runs; no Spark here)."""
     f = shared.facts[scenario]
     groups = shared.group_sets[f.groups]
-    ctx = KernelContext(
-        nodes=NodeSet.from_rows([shared.node_rows[n] for n in f.servers]),
-        node_orders={n: int(shared.node_rows[n]["node_order"]) for n in f.servers},
-        groups=groups,
-        history_threshold=shared.settings.rebalance.history_threshold,
-        ids_as_strings=shared.settings.affinity.ignite_ids_as_strings,
-        placements={**{name: shared.matrices[i] for name, i in f.placements.items()},
-                    **{name: placed_onto(shared.matrices[m], shared.node_lists[ids], f.servers)
-                       for name, (ids, m) in f.listed.items()}},
-        listed={name: (shared.node_lists[ids], shared.matrices[m]) for name, (ids, m) in f.listed.items()},
-    )
+    placements = Placements(
+        {**{name: shared.matrices[i] for name, i in f.placements.items()},
+         **{name: placed_onto(shared.matrices[m], shared.node_lists[ids], f.servers)
+            for name, (ids, m) in f.listed.items()}},
+        {name: (shared.node_lists[ids], shared.matrices[m]) for name, (ids, m) in f.listed.items()})
+    ctx = kernel_context(NodeSet.from_rows([shared.node_rows[n] for n in f.servers]),
+                         {n: int(shared.node_rows[n]["node_order"]) for n in f.servers}, groups, f.started, f.reset,
+                         placements, shared.settings)
     kind = table.column("kind")
     before = table.filter(pc.equal(kind, IDEAL_BEFORE))
     decided = decide(table.filter(pc.not_equal(kind, IDEAL_BEFORE)).select(INPUT_SCHEMA.names).cast(INPUT_SCHEMA),

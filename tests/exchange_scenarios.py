@@ -13,9 +13,9 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from rebalancer import pipeline
 from rebalancer.config import Settings
 from rebalancer.pipeline import ExchangeSummary, run_exchange
+from rebalancer.stages import paths
 from rebalancer.storage import Warehouse, open_warehouse
 from rebalancer.tables import CACHE_GROUPS, NODES, PARTITION_REPORTS, TOPOLOGY_EVENTS
 from tests.conftest import TEST_DRIVER_READER
@@ -142,7 +142,7 @@ def built_once(builder: Callable[..., Cluster]) -> Callable[..., Cluster]:
 
     @functools.wraps(builder)
     def build(spark: SparkSession, path: Path, *args: Any, **kwargs: Any) -> Cluster:
-        thresholds = [getattr(pipeline, name) for name in _PATH_THRESHOLDS]
+        thresholds = [getattr(paths, name) for name in _PATH_THRESHOLDS]
         key = repr((args, sorted(kwargs.items()), thresholds))
         if key not in templates:
             templates[key] = builder(spark, path.with_name(f"{path.name}-{builder.__name__}-template"), *args,

@@ -19,21 +19,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rebalancer.affinity.balanced import (
-    BalancedGroup,
     BalancedPlacement,
     InvalidBalancedGroupError,
     PreviousPlacement,
     assign_balanced,
+    collocation_key,
     group_seed,
     place_balanced,
     salted_keys,
 )
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.affinity.rendezvous import assign_rendezvous
+from rebalancer.groups import GroupSettings
 
 
 # ---- helpers ---------------------------------------------------------------------------------------------------
-def loads(placement: BalancedPlacement, groups: Sequence[BalancedGroup], n: int) -> tuple[np.ndarray, np.ndarray]:
+def loads(placement: BalancedPlacement, groups: Sequence[GroupSettings], n: int) -> tuple[np.ndarray, np.ndarray]:
     """PARTITIONED replicas and primaries (all groups) per node index."""
     replicas = np.zeros(n, dtype=np.int64)
     primaries = np.zeros(n, dtype=np.int64)
@@ -51,7 +52,7 @@ def by_id(matrix: np.ndarray, nodes: NodeSet) -> list[list[str]]:
     return [[nodes.node_ids[i] for i in row if i >= 0] for row in matrix.tolist()]
 
 
-def rendezvous_rows(group: BalancedGroup, nodes: NodeSet, spread: bool) -> np.ndarray:
+def rendezvous_rows(group: GroupSettings, nodes: NodeSet, spread: bool) -> np.ndarray:
     """The plain (uncapped) rendezvous lists of a group, with the same hash inputs as balanced."""
     keys = salted_keys(group.name, group.partitions) if spread else np.arange(group.partitions)
     return assign_rendezvous(keys, nodes, group.backups, group.replicated, group.exclude_neighbors,
@@ -87,13 +88,13 @@ def clusters(draw: st.DrawFn, min_nodes: int = 1, max_nodes: int = 12) -> NodeSe
 
 
 @st.composite
-def group_lists(draw: st.DrawFn) -> list[BalancedGroup]:
+def group_lists(draw: st.DrawFn) -> list[GroupSettings]:
     count = draw(st.integers(1, 4))
     groups = []
     for i in range(count):
         mode = draw(st.sampled_from(["PARTITIONED"] * 5 + ["REPLICATED"]))
         groups.append(
-            BalancedGroup(
+            GroupSettings(
                 name=f"group{i}",
                 partitions=draw(st.integers(1, 48)),
                 backups=draw(st.integers(0, 3)),
@@ -109,7 +110,7 @@ def group_lists(draw: st.DrawFn) -> list[BalancedGroup]:
 Lists = dict[str, list[list[str]]]
 
 
-def reference_place(groups: Sequence[BalancedGroup], nodes: NodeSet, spread: bool,
+def reference_place(groups: Sequence[GroupSettings], nodes: NodeSet, spread: bool,
                     previous: Lists | None = None) -> Lists:
     """The documented algorithm transcribed literally (plain Python floats, dicts and sorts; no NumPy kernels);
     ``previous``: per group, the node ids of each partition's previous list (step 9)."""
@@ -118,9 +119,9 @@ def reference_place(groups: Sequence[BalancedGroup], nodes: NodeSet, spread: boo
     if spread:
         units = [(ordered, ordered)]
     else:
-        classes: dict[tuple[object, ...], list[BalancedGroup]] = {}
+        classes: dict[tuple[object, ...], list[GroupSettings]] = {}
         for g in ordered:
-            classes.setdefault(g.collocation_key, []).append(g)
+            classes.setdefault(collocation_key(g), []).append(g)
         units = [([m[0]], m) for m in classes.values()]
     for unit, receivers in units:
         before = None
@@ -135,7 +136,7 @@ def reference_place(groups: Sequence[BalancedGroup], nodes: NodeSet, spread: boo
     return out
 
 
-def reference_unit(unit: list[BalancedGroup], nodes: NodeSet, spread: bool, before: Lists | None) -> Lists:
+def reference_unit(unit: list[GroupSettings], nodes: NodeSet, spread: bool, before: Lists | None) -> Lists:
     """One unit of :func:`reference_place` (its groups share caps; lists by group name)."""
     order = sorted(range(len(nodes)), key=lambda i: nodes.node_ids[i])
     n = len(order)
@@ -153,7 +154,7 @@ def reference_unit(unit: list[BalancedGroup], nodes: NodeSet, spread: bool, befo
         rank.append(sorted(range(n), key=lambda j, k=k: (k[j], j)))
         key.append(k)
 
-    def fclasses(g: BalancedGroup) -> list[tuple[str | None, ...]] | None:
+    def fclasses(g: GroupSettings) -> list[tuple[str | None, ...]] | None:
         return [nodes.attribute_tuple(i, g.backup_filter) for i in order] if g.backup_filter else None
 
     share, pshare = [0.0] * n, [0.0] * n
@@ -404,7 +405,7 @@ def reference_unit(unit: list[BalancedGroup], nodes: NodeSet, spread: bool, befo
 
 
 @given(nodes=clusters(max_nodes=8), groups=group_lists(), spread=st.booleans())
-def test_kernel_equals_the_documented_algorithm(nodes: NodeSet, groups: list[BalancedGroup], spread: bool) -> None:
+def test_kernel_equals_the_documented_algorithm(nodes: NodeSet, groups: list[GroupSettings], spread: bool) -> None:
     expected = reference_place(groups, nodes, spread)
     matrices = assign_balanced(groups, nodes, spread=spread)
     for g in groups:
@@ -424,7 +425,7 @@ def test_golden_hash_inputs() -> None:
 
 
 def test_golden_collocated_assignment() -> None:
-    g = BalancedGroup("group0", 12, 1)
+    g = GroupSettings("group0", 12, 1)
     placement = place_balanced([g], GOLDEN_NODES, spread=False)
     assert by_id(placement.matrices["group0"], GOLDEN_NODES) == GOLDEN_COLLOCATED
     assert placement.replica_cap.tolist() == [5, 5, 5, 5, 5]
@@ -432,14 +433,14 @@ def test_golden_collocated_assignment() -> None:
 
 
 def test_golden_spread_assignment() -> None:
-    groups = [BalancedGroup("group0", 6, 1), BalancedGroup("group1", 6, 1)]
+    groups = [GroupSettings("group0", 6, 1), GroupSettings("group1", 6, 1)]
     matrices = assign_balanced(groups, GOLDEN_NODES, spread=True)
     assert by_id(matrices["group0"], GOLDEN_NODES) == GOLDEN_SPREAD_0
     assert by_id(matrices["group1"], GOLDEN_NODES) == GOLDEN_SPREAD_1
 
 
 def test_golden_continued_assignments() -> None:
-    g = BalancedGroup("group0", 12, 1)
+    g = GroupSettings("group0", 12, 1)
     previous = PreviousPlacement.from_lists({"group0": GOLDEN_COLLOCATED})
     failed = NodeSet.of(["node0", "node1", "node3", "node4"])
     after = place_balanced([g], failed, spread=False, previous=previous)
@@ -453,7 +454,7 @@ def test_golden_continued_assignments() -> None:
 
 def test_golden_weighted_assignment() -> None:
     nodes = NodeSet.of(["a", "b", "c", "d"], capacities=[1.0, 2.0, 1.0, 0.5])
-    placement = place_balanced([BalancedGroup("g", 9, 1)], nodes, spread=False)
+    placement = place_balanced([GroupSettings("g", 9, 1)], nodes, spread=False)
     assert by_id(placement.matrices["g"], nodes) == GOLDEN_WEIGHTED
     assert placement.replica_cap.tolist() == [4, 8, 4, 2]
 
@@ -461,7 +462,7 @@ def test_golden_weighted_assignment() -> None:
 # ---- structure: balanced is rendezvous wherever no cap turned a partition away ---------------------------------
 @given(nodes=clusters(), groups=group_lists(), spread=st.booleans())
 def test_partitions_never_turned_away_get_their_rendezvous_list(
-    nodes: NodeSet, groups: list[BalancedGroup], spread: bool
+    nodes: NodeSet, groups: list[GroupSettings], spread: bool
 ) -> None:
     placement = place_balanced(groups, nodes, spread=spread)
     for g in groups:
@@ -474,7 +475,7 @@ def test_partitions_never_turned_away_get_their_rendezvous_list(
 
 # ---- evenness --------------------------------------------------------------------------------------------------
 @given(nodes=clusters(), groups=group_lists(), spread=st.booleans())
-def test_no_node_above_its_cap_unless_overflow(nodes: NodeSet, groups: list[BalancedGroup], spread: bool) -> None:
+def test_no_node_above_its_cap_unless_overflow(nodes: NodeSet, groups: list[GroupSettings], spread: bool) -> None:
     placement = place_balanced(groups, nodes, spread=spread)
     replicas, primaries = loads(placement, groups, len(nodes))
     if placement.overflow == 0:
@@ -499,7 +500,7 @@ def test_single_group_without_rules_never_overflows_when_caps_allow(
     nodes: NodeSet, partitions: int, backups: int
 ) -> None:
     """The proved case (docs/AFFINITY.md): no rules and the caps without the r - 1 largest still hold T."""
-    g = BalancedGroup("g", partitions, backups)
+    g = GroupSettings("g", partitions, backups)
     placement = place_balanced([g], nodes, spread=False)
     r = min(backups + 1, len(nodes))
     caps = np.sort(placement.replica_cap)
@@ -514,7 +515,7 @@ def test_single_group_without_rules_never_overflows_when_caps_allow(
 def test_evenness_targets_on_a_large_cluster() -> None:
     """40 nodes, 16 groups x 256 partitions, 2 backups, spread: replicas within 5 %, primaries within 10 %."""
     nodes = NodeSet.of([f"node{i}" for i in range(40)])
-    groups = [BalancedGroup(f"group{i}", 256, 2) for i in range(16)]
+    groups = [GroupSettings(f"group{i}", 256, 2) for i in range(16)]
     placement = place_balanced(groups, nodes, spread=True)
     replicas, primaries = loads(placement, groups, 40)
     assert replicas.max() / replicas.mean() <= 1.05
@@ -541,7 +542,7 @@ def _change(nodes: NodeSet, rng: random.Random, join: bool) -> tuple[NodeSet, st
 @given(nodes=clusters(min_nodes=2), groups=group_lists(), spread=st.booleans(), join=st.booleans(),
        seed=st.integers(0, 2**16))
 def test_copies_move_between_staying_nodes_only_in_partitions_turned_away(
-    nodes: NodeSet, groups: list[BalancedGroup], spread: bool, join: bool, seed: int
+    nodes: NodeSet, groups: list[GroupSettings], spread: bool, join: bool, seed: int
 ) -> None:
     """After one failure or join, a partition never turned away (before nor after) moves exactly the copies
     rendezvous moves: with no neighbour/filter rules only the failed node's copy, or copies to the joiner."""
@@ -568,7 +569,7 @@ def test_movement_bounds_on_a_large_cluster() -> None:
     """40 nodes, 16 x 256, 2 backups, spread: a failure moves <= 5 % more copies than the failed node held,
     a join <= 10 % more than the joiner's fair share."""
     ids = [f"node{i}" for i in range(40)]
-    groups = [BalancedGroup(f"group{i}", 256, 2) for i in range(16)]
+    groups = [GroupSettings(f"group{i}", 256, 2) for i in range(16)]
     full = place_balanced(groups, NodeSet.of(ids), spread=True)
     failed = NodeSet.of([i for i in ids if i != "node20"])
     after = place_balanced(groups, failed, spread=True)
@@ -587,7 +588,7 @@ def test_movement_bounds_on_a_large_cluster() -> None:
 # ---- determinism and collocation -------------------------------------------------------------------------------
 @given(nodes=clusters(), groups=group_lists(), spread=st.booleans(), seed=st.integers(0, 2**16))
 def test_independent_of_node_and_group_order(
-    nodes: NodeSet, groups: list[BalancedGroup], spread: bool, seed: int
+    nodes: NodeSet, groups: list[GroupSettings], spread: bool, seed: int
 ) -> None:
     rng = random.Random(seed)
     order = list(range(len(nodes)))
@@ -605,8 +606,8 @@ def test_independent_of_node_and_group_order(
 
 @given(nodes=clusters(), partitions=st.integers(1, 64), backups=st.integers(0, 2))
 def test_collocate_gives_equal_groups_one_placement(nodes: NodeSet, partitions: int, backups: int) -> None:
-    groups = [BalancedGroup(name, partitions, backups) for name in ("orders", "payments", "users")]
-    other = BalancedGroup("other", partitions + 1, backups)
+    groups = [GroupSettings(name, partitions, backups) for name in ("orders", "payments", "users")]
+    other = GroupSettings("other", partitions + 1, backups)
     matrices = assign_balanced(groups + [other], nodes, spread=False)
     assert np.array_equal(matrices["orders"], matrices["payments"])
     assert np.array_equal(matrices["orders"], matrices["users"])
@@ -614,7 +615,7 @@ def test_collocate_gives_equal_groups_one_placement(nodes: NodeSet, partitions: 
 
 def test_spread_places_equal_groups_independently() -> None:
     nodes = NodeSet.of([f"node{i}" for i in range(10)])
-    groups = [BalancedGroup(f"group{i}", 64, 1) for i in range(2)]
+    groups = [GroupSettings(f"group{i}", 64, 1) for i in range(2)]
     matrices = assign_balanced(groups, nodes, spread=True)
     assert not np.array_equal(matrices["group0"], matrices["group1"])
 
@@ -622,7 +623,7 @@ def test_spread_places_equal_groups_independently() -> None:
 # ---- constraints -----------------------------------------------------------------------------------------------
 @given(nodes=clusters(), groups=group_lists(), spread=st.booleans())
 def test_backup_filter_is_hard_and_lists_are_as_long_as_rendezvous(
-    nodes: NodeSet, groups: list[BalancedGroup], spread: bool
+    nodes: NodeSet, groups: list[GroupSettings], spread: bool
 ) -> None:
     placement = place_balanced(groups, nodes, spread=spread)
     for g in groups:
@@ -641,7 +642,7 @@ def test_backup_filter_is_hard_and_lists_are_as_long_as_rendezvous(
 def test_neighbours_share_a_partition_only_when_every_other_host_is_full(
     nodes: NodeSet, partitions: int, backups: int
 ) -> None:
-    g = BalancedGroup("g", partitions, backups, exclude_neighbors=True)
+    g = GroupSettings("g", partitions, backups, exclude_neighbors=True)
     placement = place_balanced([g], nodes, spread=False)
     replicas, _ = loads(placement, [g], len(nodes))
     for row in placement.matrices["g"].tolist():
@@ -656,18 +657,18 @@ def test_neighbours_share_a_partition_only_when_every_other_host_is_full(
 # ---- capacities, modes, edges ----------------------------------------------------------------------------------
 def test_capacity_weighted_shares_and_water_filling() -> None:
     nodes = NodeSet.of(["big", "small1", "small2"], capacities=[10.0, 1.0, 1.0])
-    placement = place_balanced([BalancedGroup("g", 100, 1)], nodes, spread=False)
+    placement = place_balanced([GroupSettings("g", 100, 1)], nodes, spread=False)
     # "big" cannot hold two replicas of one partition: it takes 100, the others share the other 100.
     assert placement.replica_share.tolist() == [100.0, 50.0, 50.0]
     assert placement.replica_cap.tolist() == [105, 52, 52]
-    replicas, _ = loads(placement, [BalancedGroup("g", 100, 1)], 3)
+    replicas, _ = loads(placement, [GroupSettings("g", 100, 1)], 3)
     assert (replicas <= placement.replica_cap).all() and replicas.sum() == 200
 
 
 def test_filter_classes_are_water_filled() -> None:
     zones = ["a", "a", "a", "a", "b"]
     nodes = NodeSet.of([f"n{i}" for i in range(5)], attributes=[{"zone": z} for z in zones])
-    g = BalancedGroup("g", 40, 1, backup_filter=("zone",))
+    g = GroupSettings("g", 40, 1, backup_filter=("zone",))
     placement = place_balanced([g], nodes, spread=False)
     # one replica per zone: the lone node of zone b holds every partition, the four of zone a 10 each
     assert placement.replica_share.tolist() == [10.0, 10.0, 10.0, 10.0, 40.0]
@@ -677,14 +678,14 @@ def test_filter_classes_are_water_filled() -> None:
 
 def test_zero_capacity_node_holds_nothing_when_others_can() -> None:
     nodes = NodeSet.of([f"n{i}" for i in range(6)], capacities=[1.0, 1.0, 1.0, 1.0, 1.0, 0.0])
-    g = BalancedGroup("g", 50, 1)
+    g = GroupSettings("g", 50, 1)
     replicas, primaries = loads(place_balanced([g], nodes, spread=False), [g], 6)
     assert replicas[5] == 0 and primaries[5] == 0
 
 
 @given(nodes=clusters(), partitions=st.integers(1, 40))
 def test_replicated_lists_every_node_and_balances_primaries(nodes: NodeSet, partitions: int) -> None:
-    g = BalancedGroup("r", partitions, 0, mode="REPLICATED")
+    g = GroupSettings("r", partitions, 0, mode="REPLICATED")
     placement = place_balanced([g], nodes, spread=False)
     m = placement.matrices["r"]
     assert m.shape == (partitions, len(nodes))
@@ -694,16 +695,16 @@ def test_replicated_lists_every_node_and_balances_primaries(nodes: NodeSet, part
 
 
 def test_edges() -> None:
-    assert assign_balanced([BalancedGroup("g", 3, 1)], NodeSet.of([]), spread=True)["g"].shape == (3, 0)
-    assert assign_balanced([BalancedGroup("g", 0, 1)], NodeSet.of(["a"]), spread=False)["g"].shape == (0, 1)
-    assert assign_balanced([BalancedGroup("g", 4, 2)], NodeSet.of(["a"]), spread=False)["g"].tolist() == [[0]] * 4
+    assert assign_balanced([GroupSettings("g", 3, 1)], NodeSet.of([]), spread=True)["g"].shape == (3, 0)
+    assert assign_balanced([GroupSettings("g", 0, 1)], NodeSet.of(["a"]), spread=False)["g"].shape == (0, 1)
+    assert assign_balanced([GroupSettings("g", 4, 2)], NodeSet.of(["a"]), spread=False)["g"].tolist() == [[0]] * 4
     with pytest.raises(InvalidBalancedGroupError, match="repeated: g"):
-        assign_balanced([BalancedGroup("g", 1, 0), BalancedGroup("g", 2, 0)], NodeSet.of(["a"]), spread=True)
+        assign_balanced([GroupSettings("g", 1, 0), GroupSettings("g", 2, 0)], NodeSet.of(["a"]), spread=True)
     with pytest.raises(InvalidBalancedGroupError, match="mode"):
-        BalancedGroup("g", 1, 0, mode="SHARDED")
+        assign_balanced([GroupSettings("g", 1, 0, mode="SHARDED")], NodeSet.of(["a"]), spread=True)
     with pytest.raises(InvalidBalancedGroupError, match="backups"):
-        BalancedGroup("g", 1, -1)
-    assert math.isclose(float(place_balanced([BalancedGroup("g", 7, 1)], NodeSet.of(["a", "b", "c"]),
+        assign_balanced([GroupSettings("g", 1, -1)], NodeSet.of(["a"]), spread=True)
+    assert math.isclose(float(place_balanced([GroupSettings("g", 7, 1)], NodeSet.of(["a", "b", "c"]),
                                               spread=False).replica_share.sum()), 14.0)
 
 
@@ -745,7 +746,7 @@ GOLDEN_WEIGHTED = [
 @given(nodes=clusters(min_nodes=2, max_nodes=8), groups=group_lists(), spread=st.booleans(), join=st.booleans(),
        seed=st.integers(0, 2**16))
 def test_continuing_kernel_equals_the_documented_algorithm(
-    nodes: NodeSet, groups: list[BalancedGroup], spread: bool, join: bool, seed: int
+    nodes: NodeSet, groups: list[GroupSettings], spread: bool, join: bool, seed: int
 ) -> None:
     """Step 9 after one failure or join: the kernel continuing from the previous lists equals the reference."""
     rng = random.Random(seed)
@@ -760,7 +761,7 @@ def test_continuing_kernel_equals_the_documented_algorithm(
 @given(nodes=clusters(min_nodes=1, max_nodes=8), groups=group_lists(), spread=st.booleans(),
        seed=st.integers(0, 2**16))
 def test_continuing_from_any_lists_equals_the_documented_algorithm(
-    nodes: NodeSet, groups: list[BalancedGroup], spread: bool, seed: int
+    nodes: NodeSet, groups: list[GroupSettings], spread: bool, seed: int
 ) -> None:
     """Step 9 from arbitrary previous lists (unknown nodes, repeats, too long or short, missing groups, filter
     clashes, overloaded nodes): the kernel equals the reference."""
@@ -776,7 +777,7 @@ def test_continuing_from_any_lists_equals_the_documented_algorithm(
 
 
 # ---- continuing (step 9): movement and evenness after a change ---------------------------------------------------
-def _continue(groups: list[BalancedGroup], nodes: NodeSet, after_nodes: NodeSet, spread: bool
+def _continue(groups: list[GroupSettings], nodes: NodeSet, after_nodes: NodeSet, spread: bool
               ) -> tuple[BalancedPlacement, BalancedPlacement, int, int]:
     """The placement before and the continued one after, the copies created (between the two) and the copies the
     change created outside the changed node (a copy created on a node that stays, for a partition it did not
@@ -800,7 +801,7 @@ def _continue(groups: list[BalancedGroup], nodes: NodeSet, after_nodes: NodeSet,
 
 @given(nodes=clusters(min_nodes=2), groups=group_lists(), spread=st.booleans(), seed=st.integers(0, 2**16))
 def test_a_failure_moves_only_the_failed_nodes_copies(
-    nodes: NodeSet, groups: list[BalancedGroup], spread: bool, seed: int
+    nodes: NodeSet, groups: list[GroupSettings], spread: bool, seed: int
 ) -> None:
     """Continuing after one failure: each partition gets back at most the copies it lost; a copy moves between two
     nodes that both stay only through a pull or a shed (nodes far below their share, or over their cap, which a
@@ -816,7 +817,7 @@ def test_a_failure_moves_only_the_failed_nodes_copies(
 
 @given(nodes=clusters(min_nodes=1), groups=group_lists(), spread=st.booleans(), seed=st.integers(0, 2**16))
 def test_a_join_moves_copies_to_the_joiner_and_sheds_only_over_caps(
-    nodes: NodeSet, groups: list[BalancedGroup], spread: bool, seed: int
+    nodes: NodeSet, groups: list[GroupSettings], spread: bool, seed: int
 ) -> None:
     """Continuing after one join: the joiner pulls at most its share rounded down, plus what the walk places in
     empty slots (copies shed by nodes over their lowered caps, or partitions that can now have more replicas); a
@@ -835,7 +836,7 @@ def test_a_join_moves_copies_to_the_joiner_and_sheds_only_over_caps(
 @given(nodes=clusters(min_nodes=2), groups=group_lists(), spread=st.booleans(), join=st.booleans(),
        seed=st.integers(0, 2**16))
 def test_continued_placements_keep_the_caps(
-    nodes: NodeSet, groups: list[BalancedGroup], spread: bool, join: bool, seed: int
+    nodes: NodeSet, groups: list[GroupSettings], spread: bool, join: bool, seed: int
 ) -> None:
     after_nodes, _ = _change(nodes, random.Random(seed), join)
     _, after, _, _ = _continue(groups, nodes, after_nodes, spread)
@@ -849,7 +850,7 @@ def test_continued_movement_bounds_on_a_large_cluster() -> None:
     """40 nodes, 16 x 256, 2 backups, spread, continuing: a failure moves exactly the failed node's copies, a join
     the joiner's share rounded down, and both keep replicas within 1.05 and primaries within 1.10 of the mean."""
     ids = [f"node{i}" for i in range(40)]
-    groups = [BalancedGroup(f"group{i}", 256, 2) for i in range(16)]
+    groups = [GroupSettings(f"group{i}", 256, 2) for i in range(16)]
     before, after, created, unforced = _continue(groups, NodeSet.of(ids), NodeSet.of(ids[:20] + ids[21:]), True)
     held = sum(int((m == 20).sum()) for m in before.matrices.values())
     assert (created, unforced) == (held, 0)
@@ -863,7 +864,7 @@ def test_continued_movement_bounds_on_a_large_cluster() -> None:
 
 @given(nodes=clusters(), groups=group_lists(), spread=st.booleans(), join=st.booleans(), seed=st.integers(0, 2**16))
 def test_continuing_from_itself_changes_nothing(
-    nodes: NodeSet, groups: list[BalancedGroup], spread: bool, join: bool, seed: int
+    nodes: NodeSet, groups: list[GroupSettings], spread: bool, join: bool, seed: int
 ) -> None:
     """A placement is a fixpoint of step 9 (no overflow): an exchange that re-places balanced groups without a
     change (or recomputes settled partitions) gets the same lists."""

@@ -184,7 +184,7 @@ def test_spark_stage_and_pure_client_agree(
 
 @pytest.mark.parametrize("spread", [True, False])
 def test_balanced_groups_are_placed_together_beside_the_others(spark: SparkSession, spread: bool) -> None:
-    from rebalancer.client.affinity import BalancedGroup, NodeSet, assign_balanced
+    from rebalancer.client.affinity import GroupSettings, NodeSet, assign_balanced
 
     rows = [node(f"n{i}", i + 1, capacity=2.0 if i == 0 else None) for i in range(5)]
     nodes = nodes_df(spark, rows + [node("c", 9, is_client=True)])
@@ -193,7 +193,7 @@ def test_balanced_groups_are_placed_together_beside_the_others(spark: SparkSessi
     got = ideal_assignment(nodes, groups, AffinitySettings(balanced_spread=spread))
     node_set = NodeSet.from_rows(rows)
     ids = node_set.node_ids
-    matrices = assign_balanced([BalancedGroup("a", 40, 1), BalancedGroup("b", 40, 1)], node_set, spread=spread)
+    matrices = assign_balanced([GroupSettings("a", 40, 1), GroupSettings("b", 40, 1)], node_set, spread=spread)
     want = [(g, p, i, ids[n]) for g, m in matrices.items() for p, row in enumerate(m) for i, n in enumerate(row)]
     want += [("r", p, i, n) for p, lst in enumerate(assign(node_set, 8, 1)) for i, n in enumerate(lst)]
     assert_df_equality(got, expected_df(spark, want), ignore_row_order=True, ignore_nullable=True)

@@ -13,7 +13,7 @@ import pytest
 
 from rebalancer.balance import evaluate
 from rebalancer.cli import main
-from rebalancer.client.affinity import BalancedGroup, NodeSet, assign, place_balanced
+from rebalancer.client.affinity import GroupSettings, NodeSet, assign, place_balanced
 from rebalancer.tables import NODES
 from tests.exchange_scenarios import Cluster
 
@@ -50,7 +50,7 @@ def test_loads_are_held_against_capacity_weighted_shares(spark: Any, tmp_path: P
     assert report.replica_ratio == pytest.approx(max(replicas[n] / (6 * cap) for n, cap in capacities.items()))
     assert [n.node_id for n in report.nodes][0] == max(capacities, key=lambda n: replicas[n] / capacities[n])
     # what balanced would move: its copies on nodes the current ideal does not name
-    placed = place_balanced([BalancedGroup("g", 12, 1), BalancedGroup("r", 4, 0, "REPLICATED")], nodes, spread=True)
+    placed = place_balanced([GroupSettings("g", 12, 1), GroupSettings("r", 4, 0, "REPLICATED")], nodes, spread=True)
     ids = nodes.node_ids
     current = {("g", p, n) for p, row in enumerate(lists) for n in row}
     current |= {("r", p, n) for p in range(4) for n in ids}

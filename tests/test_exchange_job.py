@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from rebalancer import pipeline
 from rebalancer.config import StorageSettings
 from rebalancer.pipeline import VERSIONED_TABLES
+from rebalancer.stages import paths
 from rebalancer.storage import open_warehouse
 from tests.conftest import TEST_API_MODE, TEST_ENGINE
 from tests.exchange_scenarios import Cluster, assert_table, built_once, run_together
@@ -75,10 +75,10 @@ def unsettled_finder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
     decided on the driver, large ones in Spark: run the scenario both ways (thresholds 0 force the Spark jobs and
     the join)."""
     if request.param == "spark":
-        monkeypatch.setattr(pipeline, "DRIVER_KERNEL_REPLICAS", 0)
-        monkeypatch.setattr(pipeline, "DRIVER_COPIES", 0)
-        monkeypatch.setattr(pipeline, "DRIVER_RANKINGS", 0)
-        monkeypatch.setattr(pipeline, "KEYS_AS_LITERALS", 0)
+        monkeypatch.setattr(paths, "DRIVER_KERNEL_REPLICAS", 0)
+        monkeypatch.setattr(paths, "DRIVER_COPIES", 0)
+        monkeypatch.setattr(paths, "DRIVER_RANKINGS", 0)
+        monkeypatch.setattr(paths, "KEYS_AS_LITERALS", 0)
     return str(request.param)
 
 

@@ -71,10 +71,10 @@ from typing import Any
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from rebalancer import pipeline
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.client.affinity import assign
 from rebalancer.pipeline import VERSIONED_TABLES
+from rebalancer.stages import paths
 from tests.exchange_scenarios import Cluster
 
 if os.environ.get("EXCHANGE_PROPERTY_EXAMPLES"):
@@ -226,11 +226,11 @@ def check_same_as_full_recomputation(c: Cluster, reference: Path, summaries: lis
     every new version.
     """
     full = Cluster.create(c.spark, reference)
-    on_driver, pipeline.DRIVER_KERNEL_REPLICAS = pipeline.DRIVER_KERNEL_REPLICAS, 0
+    on_driver, paths.DRIVER_KERNEL_REPLICAS = paths.DRIVER_KERNEL_REPLICAS, 0
     try:
         full_summaries = full.exchange(carry_settled=False)
     finally:
-        pipeline.DRIVER_KERNEL_REPLICAS = on_driver
+        paths.DRIVER_KERNEL_REPLICAS = on_driver
     counts = ("exchange_type", "topology_major", "topology_minor", "partitions", "lost_partitions",
               "moving_copies", "temporary_primaries", "counter_conflicts", "migrations", "bytes_to_move")
     assert [[getattr(s, n) for n in counts] for s in summaries] == [

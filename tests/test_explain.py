@@ -16,6 +16,7 @@ from rebalancer.affinity.assign import assign_indexes
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.config import Settings
 from rebalancer.explain import ExplainError, _candidates, explain
+from rebalancer.groups import GroupSettings
 from tests.exchange_scenarios import Cluster
 from tests.test_exchange_job import equal_counters_different_sizes, lagging_replicas
 from tests.test_exchange_job import steady_three_nodes as steady
@@ -154,11 +155,11 @@ def test_neighbours_and_the_backup_filter_are_named() -> None:
     exchange = {"draining_nodes": [], "baseline_nodes": None}
     for settings_row, words in (({"exclude_neighbors": True, "backup_filter": None}, "neighbour: same host"),
                                 ({"exclude_neighbors": False, "backup_filter": ["zone"]}, "backup filter: zone =")):
-        g = {"backups": 1, "mode": "PARTITIONED", "affinity": "rendezvous", "persistent": True, **settings_row}
+        g = GroupSettings.from_row({"group_name": "g", "partitions": 32, "backups": 1, "mode": "PARTITIONED",
+                                    "affinity": "rendezvous", "persistent": True, **settings_row})
         seen = False
         for p in range(32):
-            matrix = assign_indexes(np.array([p]), node_set, 1, "rendezvous", "PARTITIONED",
-                                    settings_row["exclude_neighbors"], tuple(settings_row["backup_filter"] or ()))
+            matrix = assign_indexes(np.array([p]), node_set, g)
             ideal = [{"partition_id": p, "node_id": node_set.node_ids[i], "replica_index": k}
                      for k, i in enumerate(matrix[0]) if i >= 0]
             answer = _candidates(g, ideal, rows, nodes, exchange, Settings())
@@ -172,10 +173,11 @@ def test_unequal_capacities_rank_by_the_weighted_score() -> None:
              "capacity": [1.0, 2.0, 0.5, 4.0][i], "is_client": False} for i in range(4)]
     nodes = {r["node_id"]: r for r in rows}
     node_set = NodeSet.from_rows(rows)
-    g = {"backups": 1, "mode": "PARTITIONED", "affinity": "rendezvous", "persistent": True,
-         "exclude_neighbors": False, "backup_filter": None}
+    g = GroupSettings.from_row({"group_name": "g", "partitions": 16, "backups": 1, "mode": "PARTITIONED",
+                                "affinity": "rendezvous", "persistent": True, "exclude_neighbors": False,
+                                "backup_filter": None})
     for p in range(16):
-        matrix = assign_indexes(np.array([p]), node_set, 1)
+        matrix = assign_indexes(np.array([p]), node_set, g)
         ideal = [{"partition_id": p, "node_id": node_set.node_ids[i], "replica_index": k}
                  for k, i in enumerate(matrix[0])]
         answer = _candidates(g, ideal, rows, nodes, {"draining_nodes": [], "baseline_nodes": None}, Settings())

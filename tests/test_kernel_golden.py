@@ -49,13 +49,13 @@ from rebalancer.exchange.kernel import (
     REPORT,
     VERSION,
     Decisions,
-    GroupSettings,
     KernelContext,
     KernelInputError,
     KernelInvariantError,
     check_invariants,
     decide,
 )
+from rebalancer.groups import GroupSettings
 from rebalancer.planning.plan import finish_plan
 
 OW, MV, RT, EV, LS = "OWNING", "MOVING", "RENTING", "EVICTED", "LOST"
@@ -202,12 +202,15 @@ class Exchange:
 
 
 def context(groups: Sequence[GroupSettings], nodes: Sequence[str], history_threshold: int = 500,
-            clients: Sequence[str] = ()) -> KernelContext:
-    """Alive servers ``nodes`` (the NodeSet), their join orders (clients' too, as the topology has them)."""
+            clients: Sequence[str] = (), started: Iterable[str] = (), reset: Iterable[str] = ()) -> KernelContext:
+    """Alive servers ``nodes`` (the NodeSet), their join orders (clients' too, as the topology has them); the groups
+    ``started`` and ``reset`` in this exchange."""
     return KernelContext(
         nodes=NodeSet.of(list(nodes)),
         node_orders={n: order_of(n) for n in [*nodes, *clients]},
         groups={g.name: g for g in groups},
+        started=frozenset(started),
+        reset=frozenset(reset),
         history_threshold=history_threshold,
     )
 
@@ -218,10 +221,10 @@ def kernel_input(groups: Sequence[GroupSettings], rows: Rows) -> pa.Table:
 
 
 def run(groups: Sequence[GroupSettings], nodes: Sequence[str], *rows: Rows, history_threshold: int = 500,
-        clients: Sequence[str] = ()) -> Exchange:
+        clients: Sequence[str] = (), started: Iterable[str] = (), reset: Iterable[str] = ()) -> Exchange:
     """Decide every partition of ``groups`` over the alive servers ``nodes``; finish the plan (default settings)."""
     table = kernel_input(groups, [r for part in rows for r in part])
-    d = decide(table, context(groups, nodes, history_threshold, clients))
+    d = decide(table, context(groups, nodes, history_threshold, clients, started, reset))
     return Exchange(table, d, finish_plan(d.steps, MigrationSettings()))
 
 
@@ -386,8 +389,7 @@ def test_two_failures_lose_a_partition_under_each_policy_then_reset() -> None:
     # g_ros is not reset: LOST is sticky, n1's copy is marked LOST (counter kept for a later reset). In g_rws the
     # LOST copies become OWNING, n1's has the highest counter and keeps owning, the others reset to MOVING.
     returning = report_rows([(n1, "g_rws", 0, OW, 5, 50, 500, 0, 101), (n1, "g_ros", 0, OW, 5, 50, 500, 0, 102)])
-    reset = [replace(g, reset=g.name in ("g_rws", "g_ign")) for g in groups]
-    b = run(reset, [n1, n3, n4], a.committed(), returning)
+    b = run(groups, [n1, n3, n4], a.committed(), returning, reset=("g_rws", "g_ign"))
     assert b.ideal() == ideal
     assert b.conflicts() == expected(
         [("g_rws", 0, n3, 0, 5, 30, "RESET_TO_MOVING"), ("g_rws", 0, n4, 0, 5, 0, "RESET_TO_MOVING")]
@@ -421,8 +423,7 @@ def test_two_failures_lose_a_partition_under_each_policy_then_reset() -> None:
 
     # Not in the stage test: the same exchange B with only g_rws reset. Clarification (1): g_ign's p0, lost with
     # IGNORE in A and owned again since, is not listed (the stages kept every loss sticky until a reset).
-    only_rws = [replace(g, reset=g.name == "g_rws") for g in groups]
-    b2 = run(only_rws, [n1, n3, n4], a.committed(), returning)
+    b2 = run(groups, [n1, n3, n4], a.committed(), returning, reset=("g_rws",))
     assert b2.lost() == [("g_ros", 0, ROS, False, False)]
     assert b2.map(groups=["g_ign"], partition=0) == expected(owning("g_ign", 0, [n3, n4], 0, 0, 0))
 
@@ -430,7 +431,7 @@ def test_two_failures_lose_a_partition_under_each_policy_then_reset() -> None:
 def test_new_group_starts_empty_owning_and_reset_recreates_partition_without_copies() -> None:
     """gn is created in this exchange; gr is reset while its p0 has no copy left anywhere."""
     n1, n2 = "n1", "n2b"  # (a) rendezvous ids: p0 -> [n1, n2], p1 -> [n2, n1] (asserted below)
-    groups = [GroupSettings("gn", 2, 1, started=True), GroupSettings("gr", 2, 1, reset=True)]
+    groups = [GroupSettings("gn", 2, 1), GroupSettings("gr", 2, 1)]
     reports = report_rows(
         [
             (n2, "gn", 0, MV, 3, 3, 30, None, 1),  # nobody owns gn p0: recreated, this copy replaced
@@ -439,7 +440,7 @@ def test_new_group_starts_empty_owning_and_reset_recreates_partition_without_cop
     )
     prev = map_rows([("gr", 1, n1, LS, 4, 4, 40)]) + lost_rows([("gr", 0), ("gr", 1)])
 
-    out = run(groups, [n1, n2], prev, reports)
+    out = run(groups, [n1, n2], prev, reports, started=("gn",), reset=("gr",))
 
     assert out.ideal() == {(g, p): [n1, n2] if p == 0 else [n2, n1] for g in ("gn", "gr") for p in (0, 1)}
     assert out.lost() == []

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -44,10 +44,10 @@ from rebalancer.exchange.kernel import (
     REPORT,
     VERSION,
     Decisions,
-    GroupSettings,
     KernelContext,
     decide,
 )
+from rebalancer.groups import GroupSettings
 from rebalancer.planning.plan import finish_plan
 from rebalancer.vocabulary import IGNORE, LOST, MOVING, OWNING, READ_ONLY_SAFE, READ_WRITE_SAFE, RENTING
 
@@ -71,6 +71,8 @@ def batches(draw: st.DrawFn) -> Batch:
     nodes = NODES[:n]
     alive = sorted(draw(st.sets(st.sampled_from(nodes))))
     groups: dict[str, GroupSettings] = {}
+    started: set[str] = set()
+    reset: set[str] = set()
     for g in range(draw(st.integers(1, 2))):
         name = f"g{g}"
         groups[name] = GroupSettings(
@@ -78,8 +80,11 @@ def batches(draw: st.DrawFn) -> Batch:
             mode=draw(st.sampled_from(["PARTITIONED", "PARTITIONED", "REPLICATED"])),
             affinity=draw(st.sampled_from(["rendezvous", "ignite"])),
             loss_policy=draw(st.sampled_from(POLICIES)),
-            started=draw(st.booleans()), reset=draw(st.booleans()),
         )
+        if draw(st.booleans()):
+            started.add(name)
+        if draw(st.booleans()):
+            reset.add(name)
     rows: list[dict[str, Any]] = []
     parts: list[Part] = []
     seq = 0
@@ -111,7 +116,8 @@ def batches(draw: st.DrawFn) -> Batch:
             version = draw(st.one_of(st.none(), st.integers(0, 5)))
             if version is not None:
                 rows.append({"kind": VERSION, **key, "partition_version": version})
-    ctx = KernelContext(NodeSet.of(alive), {node: i for i, node in enumerate(nodes)}, groups)
+    ctx = KernelContext(NodeSet.of(alive), {node: i for i, node in enumerate(nodes)}, groups, frozenset(started),
+                        frozenset(reset))
     return Batch(ctx, rows, parts)
 
 
@@ -174,9 +180,9 @@ def check_safe_and_by_the_rules(b: Batch, d: Decisions) -> None:
         if g.loss_policy != IGNORE:
             newly = prev_owned and not owners and not any(r["state"] == LOST for r in copies.values())
             if part in lost:
-                assert not g.started
-                assert (prev_owned and not owners) or (prev_lost and not g.reset)
-            elif not g.started:
+                assert part[0] not in b.ctx.started
+                assert (prev_owned and not owners) or (prev_lost and part[0] not in b.ctx.reset)
+            elif part[0] not in b.ctx.started:
                 assert not newly, "an owned partition lost every owner but is not listed"
         elif part in lost:
             assert prev_owned, "an IGNORE partition listed though it owned nothing before (not sticky)"
@@ -215,8 +221,7 @@ def feed_back(b: Batch, d: Decisions, parts: set[Part]) -> Batch:
         rows += [{"kind": kind, **r} for r in table.to_pylist() if (r["group_name"], r["partition_id"]) in parts]
     rows += [{"kind": LOST_ROW, "group_name": r["group_name"], "partition_id": r["partition_id"]}
              for r in d.lost_partitions.to_pylist() if (r["group_name"], r["partition_id"]) in parts]
-    groups = {n: replace(g, started=False, reset=False) for n, g in b.ctx.groups.items()}
-    return Batch(KernelContext(b.ctx.nodes, b.ctx.node_orders, groups), rows, sorted(parts))
+    return Batch(KernelContext(b.ctx.nodes, b.ctx.node_orders, b.ctx.groups), rows, sorted(parts))
 
 
 def restricted(table: pa.Table, parts: set[Part]) -> list[tuple[Any, ...]]:
@@ -270,8 +275,8 @@ class World:
     pending_reports: list[dict[str, Any]] | None = None
 
     def exchange(self, started: frozenset[str] = frozenset(), reset: frozenset[str] = frozenset()) -> Decisions:
-        groups = {n: replace(g, started=n in started, reset=n in reset) for n, g in self.groups.items()}
-        ctx = KernelContext(NodeSet.of(self.alive), {n: i for i, n in enumerate(self.nodes)}, groups)
+        groups = self.groups
+        ctx = KernelContext(NodeSet.of(self.alive), {n: i for i, n in enumerate(self.nodes)}, groups, started, reset)
         rows: list[dict[str, Any]] = [
             {"kind": PARTITION, "group_name": n, "partition_id": p} for n, g in groups.items()
             for p in range(g.partitions)

@@ -39,11 +39,11 @@ from rebalancer.exchange.kernel import (
     REPORT,
     VERSION,
     Decisions,
-    GroupSettings,
     KernelContext,
     decide,
 )
 from rebalancer.exchange.stamps import STAMPS_SCHEMA, group_stamp, stamps_of
+from rebalancer.groups import GroupSettings
 from rebalancer.planning.plan import PLAN_SCHEMA, finish_plan, schedule_plan
 
 OW, MV, RT, LS = "OWNING", "MOVING", "RENTING", "LOST"
@@ -255,7 +255,7 @@ def test_schedule_plan_fills_waves_times_and_bound() -> None:
     _, plan = join_exchange()
     settings = MigrationSettings(max_parallel_per_node=10, overhead_s=0.1, entry_stream_bytes_per_s=GB)
 
-    scheduled, bound = schedule_plan(plan, settings, "ours")
+    scheduled, bound = schedule_plan(plan, settings, "portfolio")
 
     assert scheduled.schema == PLAN_SCHEMA
     rows = {r["migration_id"]: r for r in scheduled.to_pylist()}

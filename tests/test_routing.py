@@ -37,6 +37,7 @@ from rebalancer.exchange.routing import (
     export_rows_to_json,
     resolve_partitioner,
 )
+from rebalancer.groups import GroupSettings
 
 ASSIGNMENT_DDL = "group_name string, partition_id int, replica_index int, node_id string, is_temporary boolean"
 GROUPS_DDL = "group_name string, partitions int, backups int, affinity string, partitioner string"
@@ -65,13 +66,14 @@ def groups_df(spark: SparkSession, groups: Sequence[tuple[str, int, str | None, 
 def routed(assignment: DataFrame, groups: DataFrame) -> DataFrame:
     """The exchange's three routing steps: digests (Spark), fold (driver), the lead groups' rows (Spark)."""
     mappings = routing.fold(routing.routing_digests(assignment).toArrow().to_pylist(),
-                            [r.asDict() for r in groups.collect()])
+                            [GroupSettings.from_row(r.asDict()) for r in groups.collect()])
     return client_affinity(assignment, mappings)
 
 
 def routed_on_driver(assignment: DataFrame, groups: DataFrame) -> DataFrame:
     """The same on the driver, as small exchanges route (:func:`routing.client_affinity_arrow`)."""
-    rows = routing.client_affinity_arrow(assignment.toArrow(), [r.asDict() for r in groups.collect()])
+    rows = routing.client_affinity_arrow(assignment.toArrow(),
+                                         [GroupSettings.from_row(r.asDict()) for r in groups.collect()])
     return assignment.sparkSession.createDataFrame(rows)
 
 

@@ -157,9 +157,9 @@ def test_promote_and_drop_follow_the_copy_of_their_partition_in_step_order() -> 
     assert col(out, "migration_id") == [1, 2, 3]
 
 
-def test_hazelcast_reads_from_the_primary_while_ours_spreads_over_candidates() -> None:
+def test_hazelcast_reads_from_the_primary_while_portfolio_spreads_over_candidates() -> None:
     # Two COPYs (to c and d) may read from a or b; a is the primary. bw 4e8.
-    # ours: p0 takes a (both idle, same bytes: lowest node_id), p1 takes b (a already sends one): each alone at
+    # portfolio: p0 takes a (both idle, same bytes: lowest node_id), p1 takes b (a already sends one): each alone at
     #   min(4e8, 4e8, 4e8) = 4e8 B/s, 4e8 B: both end at 0.1 + 1.0 = 1.1.
     # hazelcast: both from a: min(4e8, 4e8 / 2, 4e8) = 2e8 B/s: both end at 0.1 + 2.0 = 2.1.
     model = CostModel(node_bandwidth_bytes_per_s=4e8)
@@ -167,10 +167,10 @@ def test_hazelcast_reads_from_the_primary_while_ours_spreads_over_candidates() -
         step("COPY", "a", "c", pid=0, candidates=["a", "b"], primary="a", nbytes=4 * 10**8),
         step("COPY", "a", "d", pid=1, candidates=["b", "a"], primary="a", nbytes=4 * 10**8),
     )
-    ours = schedule(plan, model, "ours")
+    portfolio = schedule(plan, model, "portfolio")
     hazelcast = schedule(plan, model, "hazelcast")
-    assert col(ours, "source_node") == ["a", "b"]
-    assert col(ours, "est_end_s") == [pytest.approx(1.1), pytest.approx(1.1)]
+    assert col(portfolio, "source_node") == ["a", "b"]
+    assert col(portfolio, "est_end_s") == [pytest.approx(1.1), pytest.approx(1.1)]
     assert col(hazelcast, "source_node") == ["a", "a"]
     assert col(hazelcast, "est_end_s") == [pytest.approx(2.1), pytest.approx(2.1)]
 
@@ -180,7 +180,7 @@ def test_hazelcast_falls_back_to_source_node_without_a_primary() -> None:
     assert col(schedule(plan, DEFAULT, "hazelcast"), "source_node") == ["b"]
 
 
-def test_ours_picks_the_candidate_with_fewer_bytes_assigned_when_both_are_idle() -> None:
+def test_portfolio_picks_the_candidate_with_fewer_bytes_assigned_when_both_are_idle() -> None:
     # One slot per node. Priority (rule 3): node loads a 1.1 + 0.6/2 + 0.2/2 = 1.5, b 0.3 + 0.1 = 0.4, c 1.1 + 0.2
     # = 1.3, d 0.6; bottlenecks p0 max(c, a) = 1.5, p3 max(c, min(a, b)) = 1.3, p2 max(d, min(a, b)) = 0.6.
     # t = 0: p0 takes a and c (0 -> 0.1 + 4e8 / 4e8 = 1.1); p3 waits for c; p2 reads from b (a is full):
@@ -191,13 +191,13 @@ def test_ours_picks_the_candidate_with_fewer_bytes_assigned_when_both_are_idle()
         step("COPY", "a", "d", pid=2, candidates=["a", "b"], nbytes=2 * 10**8),
         step("COPY", "a", "c", pid=3, candidates=["a", "b"], nbytes=4 * 10**7),
     )
-    out = schedule(plan, CostModel(max_parallel_per_node=1), "ours")
+    out = schedule(plan, CostModel(max_parallel_per_node=1), "portfolio")
     assert col(out, "source_node") == ["a", "b", "b"]
     assert col(out, "est_start_s") == [0.0, 0.0, pytest.approx(1.1)]
     assert col(out, "est_end_s") == [pytest.approx(1.1), pytest.approx(0.6), pytest.approx(1.3)]
 
 
-def test_ours_prefers_a_candidate_sending_nothing_over_one_with_fewer_bytes_assigned() -> None:
+def test_portfolio_prefers_a_candidate_sending_nothing_over_one_with_fewer_bytes_assigned() -> None:
     # p0: a -> c, 1.2e9 B by entries: 0 -> 0.1 + 3.0 = 3.1. p1 step 1: b -> d, 2.5e9 B by files: 0 -> 0.1 + 2.0 =
     # 2.1. p1 step 2 (to e, from a or b) is ready at 2.1: a sends one COPY (1.2e9 B assigned), b none (2.5e9 B
     # assigned): fewest running COPYs first, so b. 4e8 B: 2.1 -> 2.1 + 0.1 + 1.0 = 3.2.
@@ -221,7 +221,7 @@ def test_every_waiting_step_that_fits_starts_when_slots_free() -> None:
         step("COPY", "a", "d", pid=2, nbytes=4 * 10**7),
         step("COPY", "a", "d", pid=3, nbytes=4 * 10**7),
     )
-    for policy in ("ours", "hazelcast"):
+    for policy in ("portfolio", "hazelcast"):
         out = schedule(plan, CostModel(max_parallel_per_node=2), policy)
         assert col(out, "est_start_s") == [0.0, 0.0, pytest.approx(1.1), pytest.approx(1.1)], policy
         assert col(out, "est_end_s")[2:] == [pytest.approx(1.3), pytest.approx(1.3)], policy
@@ -241,7 +241,7 @@ def test_serial_runs_every_step_alone_in_partition_order() -> None:
     assert col(out, "est_end_s") == [pytest.approx(2.3), pytest.approx(1.1), pytest.approx(2.2)]
     assert col(out, "wave") == [3, 1, 2]
     assert makespan(out) == pytest.approx(1.1 + 1.1 + 0.1)
-    # ours overlaps the two COPYs: max(1.1, 1.1 + 0.1) = 1.2
+    # portfolio overlaps the two COPYs: max(1.1, 1.1 + 0.1) = 1.2
     assert makespan(schedule(plan, DEFAULT)) == pytest.approx(1.2)
 
 
@@ -260,7 +260,7 @@ def test_waves_are_dense_ranks_of_distinct_start_times() -> None:
     assert col(out, "wave") == [2, 1, 2, 1]
 
 
-def test_ours_reads_from_the_candidate_with_the_least_bound_work() -> None:
+def test_portfolio_reads_from_the_candidate_with_the_least_bound_work() -> None:
     # a must also drop two copies (0.2 s of pinned work), b nothing: the COPY reads from b, though a comes first
     # by node_id and both are idle.
     plan = plan_of(
@@ -268,7 +268,7 @@ def test_ours_reads_from_the_candidate_with_the_least_bound_work() -> None:
         step("DROP", "a", pid=1),
         step("DROP", "a", pid=2),
     )
-    assert col(schedule(plan, DEFAULT, "ours"), "source_node") == ["b", "a", "a"]
+    assert col(schedule(plan, DEFAULT, "portfolio"), "source_node") == ["b", "a", "a"]
 
 
 def test_short_steps_start_before_transfers_on_a_full_node() -> None:
@@ -279,7 +279,7 @@ def test_short_steps_start_before_transfers_on_a_full_node() -> None:
         step("PROMOTE", "c", "b", pid=1, no=1),
         step("DROP", "c", pid=1, no=2),
     )
-    out = schedule(plan, CostModel(max_parallel_per_node=1), "ours")
+    out = schedule(plan, CostModel(max_parallel_per_node=1), "portfolio")
     assert col(out, "est_start_s") == [pytest.approx(0.1), 0.0, pytest.approx(0.1)]
     assert col(out, "est_end_s") == [pytest.approx(1.2), pytest.approx(0.1), pytest.approx(0.2)]
 
@@ -360,7 +360,8 @@ def test_missing_columns_are_listed_with_what_was_expected() -> None:
 
 
 def test_unknown_policy() -> None:
-    with pytest.raises(ValueError, match=r"unknown policy 'fifo'; expected one of \['ours', 'hazelcast', 'serial'\]"):
+    with pytest.raises(ValueError,
+                       match=r"unknown policy 'fifo'; expected one of \['portfolio', 'hazelcast', 'serial'\]"):
         schedule(plan_of(), DEFAULT, "fifo")
 
 
@@ -493,7 +494,7 @@ def check_invariants(plan: pa.Table, out: pa.Table, model: CostModel, policy: st
     for r, g in zip(rows, given_rows, strict=True):
         if r["action"] != "COPY":
             continue
-        if policy == "ours":
+        if policy == "portfolio":
             assert r["source_node"] in g["candidates"] and r["source_node"] != r["target_node"]
         elif policy == "hazelcast":
             assert r["source_node"] == (g["primary_node"] or g["source_node"])
@@ -513,7 +514,7 @@ def check_invariants(plan: pa.Table, out: pa.Table, model: CostModel, policy: st
         for a, b in zip(order, order[1:], strict=False):
             assert ends[a] == starts[b]
         return
-    # greedy: at every instant, no ready step that would fit is left waiting. Under ours a COPY may also wait while
+    # greedy: at every instant, no ready step that would fit is left waiting. Under portfolio a COPY may also wait while
     # a COPY runs into its target or out of one of its candidates (direction-aware admission, or the candidate
     # schedule that reads from the primary only), never when all of them are idle.
     previous = {idx[k]: idx[k - 1] for idx in by_part.values() for k in range(1, len(idx))}
@@ -534,10 +535,10 @@ def check_invariants(plan: pa.Table, out: pa.Table, model: CostModel, policy: st
                 continue
             r, g = rows[i], given_rows[i]
             if r["action"] == "COPY":
-                pool = g["candidates"] if policy == "ours" else [g["primary_node"] or g["source_node"]]
+                pool = g["candidates"] if policy == "portfolio" else [g["primary_node"] or g["source_node"]]
                 free = [c for c in pool if c != r["target_node"] and load[c] < cap]
                 fits = load[r["target_node"]] < cap and bool(free)
-                if policy == "ours":
+                if policy == "portfolio":
                     others = [c for c in pool if c != r["target_node"]]
                     fits = (fits and not receiving[r["target_node"]] and len(free) == len(others)
                             and not any(sending[c] for c in others))
@@ -550,7 +551,7 @@ def check_invariants(plan: pa.Table, out: pa.Table, model: CostModel, policy: st
 @settings(deadline=None)
 def test_schedule_invariants_on_random_plans(plan_model: tuple[pa.Table, CostModel], policy: str) -> None:
     """Every step is scheduled once, after its overhead, in partition step order, within the slots, greedily;
-    the makespan is at least the lower bound and, for ours and hazelcast, at most serial's; sources follow the
+    the makespan is at least the lower bound and, for portfolio and hazelcast, at most serial's; sources follow the
     policy; the result is deterministic."""
     plan, model = plan_model
     note(f"{model}, policy {policy}")

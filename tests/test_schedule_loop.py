@@ -43,7 +43,7 @@ def both_ways(plan, model: schedule.CostModel, policy: str, monkeypatch: pytest.
     planner_order=st.booleans(),
     cap=st.integers(1, 4),
     overhead=st.sampled_from([0.0, 0.1]),
-    policy=st.sampled_from(["ours", "hazelcast"]),
+    policy=st.sampled_from(["portfolio", "hazelcast"]),
 )
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_compiled_and_python_loops_give_the_same_schedule_on_random_plans(
@@ -56,7 +56,7 @@ def test_compiled_and_python_loops_give_the_same_schedule_on_random_plans(
     assert python == compiled
 
 
-@pytest.mark.parametrize("policy", ["ours", "hazelcast"])
+@pytest.mark.parametrize("policy", ["portfolio", "hazelcast"])
 def test_compiled_and_python_loops_give_the_same_schedule_on_a_suite_plan_and_a_crowded_one(
     policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

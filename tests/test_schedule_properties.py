@@ -3,12 +3,12 @@
 Plans come from ``bench.plans.random_plan`` (2-6 nodes, 1-14 partitions of 1-4 steps, hot nodes, planner or any
 step order), scheduled under random cost models (caps 1-4, three bandwidths and overheads). Checked:
 
-- ``ours`` is never longer than ``serial``, and never longer than ``hazelcast`` when every partition is in one
+- ``portfolio`` is never longer than ``serial``, and never longer than ``hazelcast`` when every partition is in one
   priority class (the module docstring says why not across classes);
 - the lower bound never exceeds the makespan of any policy;
 - every policy keeps the per-node caps at every instant, runs a partition's steps in order without overlap,
   reads every COPY from an allowed source;
-- ``ours`` gives urgent partitions first call on the slots: a non-urgent step never starts while an urgent
+- ``portfolio`` gives urgent partitions first call on the slots: a non-urgent step never starts while an urgent
   ready step that its start left room for waits.
 
 ``SCHEDULE_EXAMPLES`` (default 1,000) sets the examples: all of them for the comparison with the baselines, half
@@ -59,29 +59,29 @@ def property_settings(examples: int) -> settings:
 
 @given(plans(one_class=True))
 @property_settings(EXAMPLES)
-def test_ours_is_never_longer_than_either_baseline_and_never_shorter_than_the_bound(
+def test_portfolio_is_never_longer_than_either_baseline_and_never_shorter_than_the_bound(
     plan_model: tuple[pa.Table, CostModel],
 ) -> None:
     plan, model = plan_model
     spans = {policy: makespan(schedule(plan, model, policy)) for policy in POLICIES}
     note(f"{model}: {spans}")
-    assert spans["ours"] <= spans["hazelcast"] + EPS
-    assert spans["ours"] <= spans["serial"] + EPS
-    bound = lower_bound(schedule(plan, model, "ours"), model)
+    assert spans["portfolio"] <= spans["hazelcast"] + EPS
+    assert spans["portfolio"] <= spans["serial"] + EPS
+    bound = lower_bound(schedule(plan, model, "portfolio"), model)
     for policy, span in spans.items():
         assert bound <= span + EPS, policy
 
 
 @given(plans())
 @property_settings(EXAMPLES // 2)
-def test_across_priority_classes_ours_is_within_serial_and_above_the_bound(
+def test_across_priority_classes_portfolio_is_within_serial_and_above_the_bound(
     plan_model: tuple[pa.Table, CostModel],
 ) -> None:
     plan, model = plan_model
-    ours = schedule(plan, model, "ours")
+    portfolio = schedule(plan, model, "portfolio")
     serial = makespan(schedule(plan, model, "serial"))
-    note(f"{model}: ours {makespan(ours)}, serial {serial}")
-    assert lower_bound(ours, model) <= makespan(ours) + EPS <= serial + 2 * EPS
+    note(f"{model}: portfolio {makespan(portfolio)}, serial {serial}")
+    assert lower_bound(portfolio, model) <= makespan(portfolio) + EPS <= serial + 2 * EPS
     for policy in ("hazelcast", "serial"):
         out = schedule(plan, model, policy)
         assert lower_bound(out, model) <= makespan(out) + EPS, policy
@@ -123,11 +123,11 @@ def test_caps_order_sources_and_urgent_partitions_first(plan_model: tuple[pa.Tab
     for r, g in zip(rows, given_rows, strict=True):
         if r["action"] != "COPY":
             assert r["source_node"] == g["source_node"]
-        elif policy == "ours":
+        elif policy == "portfolio":
             assert r["source_node"] in g["candidates"] and r["source_node"] != r["target_node"]
         elif policy == "hazelcast":
             assert r["source_node"] == (g["primary_node"] or g["source_node"])
-    if policy != "ours":
+    if policy != "portfolio":
         return
     # Urgent first: when non-urgent steps start at t, an urgent step ready at t and still waiting did not fit in
     # the slots the steps running at t left, the non-urgent ones started at t set aside. (Instants where steps of
@@ -162,6 +162,6 @@ def test_caps_order_sources_and_urgent_partitions_first(plan_model: tuple[pa.Tab
 def test_the_schedule_is_a_function_of_the_plan(plan_model: tuple[pa.Table, CostModel]) -> None:
     plan, model = plan_model
     order = np.random.default_rng(0).permutation(plan.num_rows)
-    out = schedule(plan, model, "ours")
-    shuffled = schedule(plan.take(order), model, "ours")
+    out = schedule(plan, model, "portfolio")
+    shuffled = schedule(plan.take(order), model, "portfolio")
     assert shuffled.equals(out.take(order))

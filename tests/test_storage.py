@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -47,9 +47,10 @@ from pyspark.sql.types import (
 )
 
 from rebalancer import tables
-from rebalancer.config import StorageSettings
+from rebalancer.config import AUTO_ENGINE, EngineSetting, StorageSettings
 from rebalancer.session import wants_delta_jars
 from rebalancer.storage import (
+    ENGINES,
     ConcurrentWriteError,
     DuplicateKeyError,
     EngineUnavailableError,
@@ -65,15 +66,8 @@ from rebalancer.storage import (
     resolve_engine,
 )
 from rebalancer.storage import engine as engine_module
-from rebalancer.storage.base import (
-    can_store,
-    local_directory,
-    merge_condition,
-    retry_on_conflict,
-    sql_literal,
-    where_sql,
-)
-from rebalancer.storage.delta_rs import file_may_match
+from rebalancer.storage.commits import retry_on_conflict
+from rebalancer.storage.delta_log import local_directory
 from rebalancer.storage.delta_spark import (
     SMALL_SESSION_ROWS,
     DeltaSparkWarehouse,
@@ -82,7 +76,10 @@ from rebalancer.storage.delta_spark import (
     view_sql,
     warehouse_uri,
 )
+from rebalancer.storage.driver_reader import file_may_match
 from rebalancer.storage.engine import delta_classes_available, engine_reason, probe_delta_format
+from rebalancer.storage.schemas import can_store
+from rebalancer.storage.sql import merge_condition, sql_literal, where_sql
 from tests.conftest import TEST_API_MODE, TEST_DRIVER_READER, TEST_ENGINE, delta_rs_only
 
 UTC = dt.UTC
@@ -183,6 +180,11 @@ def test_auto_engine_is_delta_rs_when_delta_jars_are_absent(spark: SparkSession,
     wh = open_warehouse(spark, StorageSettings(), warehouse_dir)
     assert wh.engine == "delta-rs"
     assert wh.location == str(warehouse_dir.resolve())
+
+
+def test_every_engine_the_settings_accept_has_one_registered_opener() -> None:
+    assert list(ENGINES) == ["delta-rs", "delta-spark"]
+    assert {*ENGINES, AUTO_ENGINE} == set(get_args(EngineSetting))
 
 
 def test_sessions_rebalancer_builds_carry_delta_for_auto_and_the_cli_says_why_an_engine_was_chosen(
@@ -1107,7 +1109,7 @@ def test_commit_each_runs_commits_at_once_with_the_callers_job_group_and_stops_a
 ) -> None:
     """Concurrent commits: each runs its Spark jobs under the caller's job group (so an exchange counts them),
     ``committed`` runs on the calling thread, and after an error the commits not started are not made."""
-    from rebalancer.storage.base import commit_each
+    from rebalancer.storage.commits import commit_each
 
     if TEST_API_MODE == "connect":
         pytest.skip("job groups are a classic-session notion; Connect has tags")

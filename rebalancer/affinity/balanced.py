@@ -6,6 +6,8 @@ Contract:
   together and the candidate nodes, and returns one ``int32`` matrix per group (partitions x replicas of indexes
   into ``nodes``, column 0 the primary, -1 = slot the backup filter leaves empty), the shape
   ``rebalancer.client.affinity.assign_indexes`` returns.
+- Groups are :class:`~rebalancer.groups.GroupSettings` (partitions >= 0 here; ``affinity``, ``loss_policy``,
+  ``persistent`` and ``partitioner`` are not read).
 - Deterministic: the result depends on the node set, the groups' settings and the previous placement only, not
   on the order nodes or groups are given in (columns are ranked in node_id order, groups in name order).
 - ``spread=False`` (collocate, as Ignite): groups with equal (partitions, backups, mode, exclude_neighbors,
@@ -41,24 +43,27 @@ import numpy.typing as npt
 
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.affinity.rendezvous import (
+    RankedNodes,
     Workspace,
     batch_size,
     ranked_nodes,
     rendezvous_weights,
     select_replicas,
 )
+from rebalancer.groups import GroupSettings
 from rebalancer.hashing import murmur3_32, murmur3_32_u32_block
+from rebalancer.vocabulary import MODES
 
 __all__ = [
     "BALANCED_MODES",
     "PRIMARY_SLACK",
     "REPLICA_SLACK",
-    "BalancedGroup",
     "BalancedPlacement",
     "InvalidBalancedGroupError",
     "PULL_BELOW",
     "PreviousPlacement",
     "assign_balanced",
+    "collocation_key",
     "group_seed",
     "place_balanced",
     "salted_keys",
@@ -67,7 +72,7 @@ __all__ = [
 IntMatrix = npt.NDArray[np.int32]
 REPLICA_SLACK = 0.05  # replicas per node <= floor(share * 1.05) (or ceil(share) when that is larger)
 PRIMARY_SLACK = 0.10  # primaries per node <= floor(share * 1.10) (or ceil(share))
-BALANCED_MODES = ("PARTITIONED", "REPLICATED")
+BALANCED_MODES = MODES
 # Continuing a placement: a node holding fewer than PULL_BELOW x its share (replicas, or primaries) - one that just
 # joined, or whose capacity or the groups grew - pulls up to floor(share) from nodes above their own share. Nodes
 # the from-scratch walk leaves below their share stay as they are, so a failure pulls nothing.
@@ -82,56 +87,42 @@ class InvalidBalancedGroupError(ValueError):
     """A group handed to the balanced affinity breaks its contract; the message names the group and the value."""
 
 
-@dataclass(frozen=True)
-class BalancedGroup:
-    """One cache group's placement settings (SPEC section 2 values, nulls already resolved).
+def _check(groups: Sequence[GroupSettings]) -> None:
+    """The settings every placed group must have (partitions and backups >= 0, a known mode) and unique names.
 
-    Attributes:
-        name: group_name (unique among the groups placed together).
-        partitions: partition count (>= 0); partition ids are ``0 .. partitions - 1``.
-        backups: backups per partition (>= 0; ignored for REPLICATED).
-        mode: ``PARTITIONED`` or ``REPLICATED``.
-        exclude_neighbors: keep replicas on distinct hosts where possible.
-        backup_filter: attribute names replicas must differ in (hard rule).
+    Raises:
+        InvalidBalancedGroupError: names the group and the value.
     """
-
-    name: str
-    partitions: int
-    backups: int
-    mode: str = "PARTITIONED"
-    exclude_neighbors: bool = False
-    backup_filter: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise InvalidBalancedGroupError(f"group name must be a non-empty string, got {self.name!r}")
-        if self.partitions < 0:
-            raise InvalidBalancedGroupError(f"group {self.name!r}: partitions must be >= 0, got {self.partitions}")
-        if self.backups < 0:
-            raise InvalidBalancedGroupError(f"group {self.name!r}: backups must be >= 0, got {self.backups}")
-        if self.mode not in BALANCED_MODES:
+    for g in groups:
+        if not isinstance(g.name, str) or not g.name:
+            raise InvalidBalancedGroupError(f"group name must be a non-empty string, got {g.name!r}")
+        if g.partitions < 0:
+            raise InvalidBalancedGroupError(f"group {g.name!r}: partitions must be >= 0, got {g.partitions}")
+        if g.backups < 0:
+            raise InvalidBalancedGroupError(f"group {g.name!r}: backups must be >= 0, got {g.backups}")
+        if g.mode not in BALANCED_MODES:
             raise InvalidBalancedGroupError(
-                f"group {self.name!r}: mode {self.mode!r} is not one of {', '.join(BALANCED_MODES)}"
+                f"group {g.name!r}: mode {g.mode!r} is not one of {', '.join(BALANCED_MODES)}"
             )
-        object.__setattr__(self, "backup_filter", tuple(self.backup_filter))
+    names = [g.name for g in groups]
+    if len(set(names)) != len(names):
+        dup = sorted({x for x in names if names.count(x) > 1})
+        raise InvalidBalancedGroupError(f"group names must be unique; repeated: {', '.join(dup)}")
 
-    @property
-    def replicated(self) -> bool:
-        """True for REPLICATED groups (every node holds every partition)."""
-        return self.mode == "REPLICATED"
 
-    @property
-    def collocation_key(self) -> tuple[int, int, str, bool, tuple[str, ...]]:
-        """Groups with equal keys get identical placements when not spread."""
-        backups = 0 if self.replicated else self.backups
-        excl = self.exclude_neighbors and not self.replicated
-        names = () if self.replicated else self.backup_filter
-        return (self.partitions, backups, self.mode, excl, names)
+def collocation_key(g: GroupSettings) -> tuple[int, int, str, bool, tuple[str, ...]]:
+    """Groups with equal keys get identical placements when not spread (the settings a REPLICATED group ignores
+    count as equal)."""
+    backups = 0 if g.replicated else g.backups
+    excl = g.exclude_neighbors and not g.replicated
+    names = () if g.replicated else g.backup_filter
+    return (g.partitions, backups, g.mode, excl, names)
 
 
 @dataclass(frozen=True)
 class BalancedPlacement:
-    """Result of :func:`place_balanced`; per-node arrays are indexed like ``nodes`` (NodeSet order).
+    """Result of :func:`place_balanced`; per-node arrays are indexed like ``nodes`` (NodeSet order). A unit's own
+    placement (:func:`_place_unit`) is one too, its per-node arrays in column order.
 
     Attributes:
         matrices: group name -> ``int32`` matrix partitions x replicas (indexes into ``nodes``, -1 = empty slot).
@@ -197,7 +188,7 @@ class PreviousPlacement:
         """From matrices of indexes into ``nodes`` (what :func:`place_balanced` returned for them)."""
         return cls(tuple(nodes.node_ids), matrices)
 
-    def columns(self, group: str, partitions: int, nodes: NodeSet, cols: _Columns) -> IntMatrix:
+    def columns(self, group: str, partitions: int, nodes: NodeSet, cols: RankedNodes) -> IntMatrix:
         """The group's previous rows as columns of ``cols`` (-1 where the node is not a candidate now), cut or
         padded with empty rows to ``partitions``."""
         m = self.matrices.get(group)
@@ -228,24 +219,9 @@ def salted_keys(group_name: str, partitions: int) -> npt.NDArray[np.uint32]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Node columns: node_id order, the tie rule of the ranking
+# Node columns: node_id order, the tie rule of the ranking (the rendezvous ranking's own columns: RankedNodes)
 # ---------------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Columns:
-    perm: npt.NDArray[np.intp]  # column -> index into the NodeSet
-    seeds: npt.NDArray[np.uint32]
-    capacities: npt.NDArray[np.float64]
-    uniform: bool
-    hosts: npt.NDArray[np.int32]
-
-
-def _columns(nodes: NodeSet) -> _Columns:
-    ranked = ranked_nodes(nodes)  # the rendezvous ranking's own columns (and its cache on the node set)
-    return _Columns(perm=ranked.perm, seeds=ranked.seeds, capacities=ranked.capacities, uniform=ranked.uniform,
-                    hosts=nodes.host_classes()[ranked.perm])
-
-
-def _filter_classes(nodes: NodeSet, cols: _Columns, names: tuple[str, ...]) -> npt.NDArray[np.int32]:
+def _filter_classes(nodes: NodeSet, cols: RankedNodes, names: tuple[str, ...]) -> npt.NDArray[np.int32]:
     return nodes.filter_classes(names)[cols.perm]
 
 
@@ -283,7 +259,7 @@ def _water_fill(weights: npt.NDArray[np.float64], total: float, limit: float) ->
 
 
 def _replica_share(
-    partitions: int, backups: int, names: tuple[str, ...], nodes: NodeSet, cols: _Columns
+    partitions: int, backups: int, names: tuple[str, ...], nodes: NodeSet, cols: RankedNodes
 ) -> npt.NDArray[np.float64]:
     """Fair share of one PARTITIONED group's replicas per column (docs/AFFINITY.md, balanced-v2 step 4)."""
     n = cols.perm.size
@@ -304,7 +280,7 @@ def _replica_share(
     return np.asarray(share, dtype=np.float64)
 
 
-def _primary_share(partitions: int, cols: _Columns) -> npt.NDArray[np.float64]:
+def _primary_share(partitions: int, cols: RankedNodes) -> npt.NDArray[np.float64]:
     """Fair share of one group's primaries per column: partitions * capacity / total capacity."""
     caps = cols.capacities
     total = _seq_sum(caps)
@@ -328,7 +304,7 @@ class _Ranking:
     all columns) the first time they ask beyond their window.
     """
 
-    def __init__(self, hkeys: npt.NDArray[np.uint32], cols: _Columns, width: int) -> None:
+    def __init__(self, hkeys: npt.NDArray[np.uint32], cols: RankedNodes, width: int) -> None:
         self.hkeys, self.cols, self.n = hkeys, cols, cols.perm.size
         rows = hkeys.size
         self.width = np.full(rows, min(width, self.n), dtype=np.int64)
@@ -410,7 +386,7 @@ class _Ranking:
 class _Unit:
     """Rows placed together: one collocation class, or every group when spread."""
 
-    groups: list[BalancedGroup]  # groups whose rows are in the unit (one per class when collocating)
+    groups: list[GroupSettings]  # groups whose rows are in the unit (one per class when collocating)
     offsets: list[int]  # first row of each group
     hkeys: npt.NDArray[np.uint32]
 
@@ -702,23 +678,6 @@ def _fix_primaries(
                 swap(r, b)
 
 
-@dataclass(frozen=True)
-class _UnitResult:
-    """One unit's matrices (NodeSet indexes), per-column shares and caps, and counters."""
-
-    matrices: dict[str, IntMatrix]
-    share: npt.NDArray[np.float64]
-    cap: npt.NDArray[np.int64]
-    pshare: npt.NDArray[np.float64]
-    pcap: npt.NDArray[np.int64]
-    turned_away: dict[str, npt.NDArray[np.bool_]]
-    overflow: int
-    primary_overflow: int
-    pulled: int
-    shed: int
-    repaired: int
-
-
 def _primaries(
     ranking: _Ranking,
     rows: npt.NDArray[np.intp],
@@ -761,10 +720,11 @@ def _primaries(
     return prim, pkey, turned, late
 
 
-def _place_unit(unit: _Unit, nodes: NodeSet, cols: _Columns, slack: tuple[float, float],
-                kept: IntMatrix | None) -> _UnitResult:
+def _place_unit(unit: _Unit, nodes: NodeSet, cols: RankedNodes, slack: tuple[float, float],
+                kept: IntMatrix | None) -> BalancedPlacement:
     """Place one unit (docs/AFFINITY.md, "balanced", steps 3 to 9); ``kept``: the unit's previous rows as columns
-    (rows x any width, -1 = none), or None to place from scratch."""
+    (rows x any width, -1 = none), or None to place from scratch. The per-node arrays of the result are in column
+    order."""
     n = cols.perm.size
     part_groups = [(g, o) for g, o in zip(unit.groups, unit.offsets, strict=True) if not g.replicated]
     repl_groups = [(g, o) for g, o in zip(unit.groups, unit.offsets, strict=True) if g.replicated]
@@ -915,12 +875,12 @@ def _place_unit(unit: _Unit, nodes: NodeSet, cols: _Columns, slack: tuple[float,
         first = rprim[repl_at[members]]
         rest = order[order != first[:, None]].reshape(members.size, n - 1)
         matrices[g.name] = cols.perm[np.concatenate([first[:, None], rest], axis=1)].astype(np.int32)
-    return _UnitResult(
+    return BalancedPlacement(
         matrices=matrices,
-        share=share,
-        cap=cap,
-        pshare=pshare,
-        pcap=pcap,
+        replica_share=share,
+        replica_cap=cap,
+        primary_share=pshare,
+        primary_cap=pcap,
         turned_away={g.name: walk.turned[o : o + g.partitions] for g, o in zip(unit.groups, unit.offsets, strict=True)},
         overflow=int(np.maximum(walk.load - cap, 0).sum()),
         primary_overflow=int(np.maximum(primaries_now() - pcap, 0).sum()),
@@ -933,7 +893,7 @@ def _place_unit(unit: _Unit, nodes: NodeSet, cols: _Columns, slack: tuple[float,
 # ---------------------------------------------------------------------------------------------------------------
 # Public entry points
 # ---------------------------------------------------------------------------------------------------------------
-def _units(groups: Sequence[BalancedGroup], spread: bool) -> list[tuple[_Unit, list[BalancedGroup]]]:
+def _units(groups: Sequence[GroupSettings], spread: bool) -> list[tuple[_Unit, list[GroupSettings]]]:
     """Units in a canonical order, each with the groups that receive its placement."""
     ordered = sorted(groups, key=lambda g: g.name)
     if spread:
@@ -941,9 +901,9 @@ def _units(groups: Sequence[BalancedGroup], spread: bool) -> list[tuple[_Unit, l
         hkeys = np.concatenate([salted_keys(g.name, g.partitions) for g in ordered]) if ordered else (
             np.zeros(0, dtype=np.uint32))
         return [(_Unit(ordered, offsets, hkeys), ordered)]
-    classes: dict[tuple[int, int, str, bool, tuple[str, ...]], list[BalancedGroup]] = {}
+    classes: dict[tuple[int, int, str, bool, tuple[str, ...]], list[GroupSettings]] = {}
     for g in ordered:
-        classes.setdefault(g.collocation_key, []).append(g)
+        classes.setdefault(collocation_key(g), []).append(g)
     units = []
     for members in classes.values():
         head = members[0]
@@ -952,7 +912,7 @@ def _units(groups: Sequence[BalancedGroup], spread: bool) -> list[tuple[_Unit, l
 
 
 def place_balanced(
-    groups: Iterable[BalancedGroup],
+    groups: Iterable[GroupSettings],
     nodes: NodeSet,
     *,
     spread: bool,
@@ -981,23 +941,21 @@ def place_balanced(
         backup filter leaves a slot empty.
 
     Raises:
-        InvalidBalancedGroupError: two groups share a name.
+        InvalidBalancedGroupError: two groups share a name; a group without a name, with negative partitions or
+            backups, or a mode outside :data:`BALANCED_MODES`.
         ValueError: a negative slack.
     """
+    groups = list(groups)
+    _check(groups)
     if replica_slack < 0 or primary_slack < 0:
         raise ValueError(f"slacks must be >= 0, got {replica_slack} and {primary_slack}")
-    groups = list(groups)
-    names = [g.name for g in groups]
-    if len(set(names)) != len(names):
-        dup = sorted({x for x in names if names.count(x) > 1})
-        raise InvalidBalancedGroupError(f"group names must be unique; repeated: {', '.join(dup)}")
     n = len(nodes)
     zeros_f, zeros_i = np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64)
     if n == 0:
         empty = {g.name: np.full((g.partitions, 0), -1, dtype=np.int32) for g in groups}
         none = {g.name: np.zeros(g.partitions, dtype=bool) for g in groups}
         return BalancedPlacement(empty, zeros_f, zeros_i, zeros_f, zeros_i, none, 0, 0, 0, 0)
-    cols: _Columns = nodes.derived("balanced", _columns)
+    cols = ranked_nodes(nodes)  # the rendezvous ranking's own columns (and its cache on the node set)
     share, cap, pshare, pcap = zeros_f.copy(), zeros_i.copy(), zeros_f.copy(), zeros_i.copy()
     matrices: dict[str, IntMatrix] = {}
     turned: dict[str, npt.NDArray[np.bool_]] = {}
@@ -1011,10 +969,10 @@ def place_balanced(
             turned[g.name] = res.turned_away[source].copy()
         # per-node figures in NodeSet order; a collocated class counts once per member group
         times = len(receivers) if not spread else 1
-        share[cols.perm] += res.share * times
-        cap[cols.perm] += res.cap * times
-        pshare[cols.perm] += res.pshare * times
-        pcap[cols.perm] += res.pcap * times
+        share[cols.perm] += res.replica_share * times
+        cap[cols.perm] += res.replica_cap * times
+        pshare[cols.perm] += res.primary_share * times
+        pcap[cols.perm] += res.primary_cap * times
         over += res.overflow * times
         pover += res.primary_overflow * times
         pulled += res.pulled * times
@@ -1023,8 +981,8 @@ def place_balanced(
     return BalancedPlacement(matrices, share, cap, pshare, pcap, turned, over, pover, pulled, shed, repaired)
 
 
-def _previous_rows(previous: PreviousPlacement, unit: _Unit, receivers: list[BalancedGroup], nodes: NodeSet,
-                   cols: _Columns) -> IntMatrix:
+def _previous_rows(previous: PreviousPlacement, unit: _Unit, receivers: list[GroupSettings], nodes: NodeSet,
+                   cols: RankedNodes) -> IntMatrix:
     """A unit's previous rows as columns: each group's own (collocated: the first receiver by name that has one)."""
     parts = []
     for g in unit.groups:
@@ -1037,7 +995,7 @@ def _previous_rows(previous: PreviousPlacement, unit: _Unit, receivers: list[Bal
     return kept
 
 
-def assign_balanced(groups: Iterable[BalancedGroup], nodes: NodeSet, *, spread: bool,
+def assign_balanced(groups: Iterable[GroupSettings], nodes: NodeSet, *, spread: bool,
                     previous: PreviousPlacement | None = None) -> dict[str, IntMatrix]:
     """The balanced-v2 replica matrices of ``groups`` (see :func:`place_balanced`, which also returns the caps).
 
@@ -1051,6 +1009,6 @@ def assign_balanced(groups: Iterable[BalancedGroup], nodes: NodeSet, *, spread: 
         group name -> ``int32`` matrix partitions x replicas of indexes into ``nodes``, column 0 the primary.
 
     Raises:
-        InvalidBalancedGroupError: two groups share a name.
+        InvalidBalancedGroupError: as :func:`place_balanced`.
     """
     return place_balanced(groups, nodes, spread=spread, previous=previous).matrices

@@ -2,9 +2,8 @@
 
 Contract:
 - Input ``nodes_df``: the alive rows of the ``nodes`` table (SPEC section 2 columns; extra columns ignored). Rows
-  with ``is_client`` true are dropped here (clients hold no data). Input ``groups_df``: rows of ``cache_groups``
-  (null ``mode`` = PARTITIONED, null ``affinity`` = rendezvous, null ``exclude_neighbors`` = false, null
-  ``backup_filter`` = none).
+  with ``is_client`` true are dropped here (clients hold no data). Input ``groups_df``: rows of ``cache_groups``,
+  each read by :meth:`rebalancer.groups.GroupSettings.from_row` (SPEC's null defaults).
 - Output :data:`IDEAL_ASSIGNMENT_STAGE`: one row per (group, partition, replica) with ``replica_index`` 0 the
   primary; the exchange adds the version columns. A partition has min(backups + 1, nodes) rows (all nodes when
   REPLICATED), fewer only where a ``backup_filter`` cannot be satisfied. No nodes (or no groups) gives an empty
@@ -25,7 +24,6 @@ driver.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -33,19 +31,14 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
-from rebalancer.affinity.assign import (
-    MAX_PARTITIONS,
-    InvalidGroupSettingsError,
-    assign_indexes,
-    normalise_affinity,
-    normalise_mode,
-)
-from rebalancer.affinity.balanced import BalancedGroup, PreviousPlacement, assign_balanced
+from rebalancer.affinity.assign import assign_indexes
+from rebalancer.affinity.balanced import PreviousPlacement, assign_balanced
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.config import AffinitySettings
+from rebalancer.groups import GroupSettings, InvalidGroupSettingsError
 from rebalancer.vocabulary import BALANCED
 
-__all__ = ["IDEAL_ASSIGNMENT_STAGE", "GroupAffinity", "ideal_assignment", "previous_placement"]
+__all__ = ["IDEAL_ASSIGNMENT_STAGE", "ideal_assignment", "previous_placement"]
 
 IDEAL_ASSIGNMENT_STAGE = StructType(
     [
@@ -65,52 +58,7 @@ _ARROW_SCHEMA = pa.schema(
 )
 
 
-@dataclass(frozen=True)
-class GroupAffinity:
-    """One cache group's affinity settings, nulls resolved to SPEC defaults."""
-
-    group_name: str
-    partitions: int
-    backups: int
-    mode: str
-    affinity: str
-    exclude_neighbors: bool
-    backup_filter: tuple[str, ...]
-
-    @classmethod
-    def from_row(cls, row: dict[str, object]) -> GroupAffinity:
-        """Resolve a ``cache_groups`` row.
-
-        Raises:
-            InvalidGroupSettingsError: missing name, partitions outside 1..65536, negative or missing backups,
-                unknown mode or affinity. The message names the group.
-        """
-        name = row.get("group_name")
-        if not isinstance(name, str) or not name:
-            raise InvalidGroupSettingsError(f"cache group without a group_name: {row!r}")
-        partitions, backups = row.get("partitions"), row.get("backups")
-        try:
-            if not isinstance(partitions, int) or not 1 <= partitions <= MAX_PARTITIONS:
-                raise InvalidGroupSettingsError(f"partitions must be in 1..{MAX_PARTITIONS}, got {partitions!r}")
-            if not isinstance(backups, int) or backups < 0:
-                raise InvalidGroupSettingsError(f"backups must be >= 0, got {backups!r}")
-            mode = normalise_mode(row.get("mode"))  # type: ignore[arg-type]
-            affinity = normalise_affinity(row.get("affinity"))  # type: ignore[arg-type]
-        except InvalidGroupSettingsError as exc:
-            raise InvalidGroupSettingsError(f"cache group {name!r}: {exc}") from None
-        names = row.get("backup_filter") or ()
-        return cls(
-            group_name=name,
-            partitions=partitions,
-            backups=backups,
-            mode=mode,
-            affinity=affinity,
-            exclude_neighbors=bool(row.get("exclude_neighbors")),
-            backup_filter=tuple(names),  # type: ignore[arg-type]
-        )
-
-
-def _collect_inputs(nodes_df: DataFrame, groups_df: DataFrame) -> tuple[NodeSet, list[GroupAffinity]]:
+def _collect_inputs(nodes_df: DataFrame, groups_df: DataFrame) -> tuple[NodeSet, list[GroupSettings]]:
     """The two small dimension tables, on the driver (the only collect of this stage)."""
     node_cols = ["node_id", "node_uuid", "node_order", "host", "attributes", "capacity"]
     server_rows = (
@@ -118,22 +66,22 @@ def _collect_inputs(nodes_df: DataFrame, groups_df: DataFrame) -> tuple[NodeSet,
     )
     nodes = NodeSet.from_rows([r.asDict() for r in server_rows])
     group_cols = ["group_name", "partitions", "backups", "mode", "affinity", "exclude_neighbors", "backup_filter"]
-    groups = [GroupAffinity.from_row(r.asDict()) for r in groups_df.select(*group_cols).collect()]
-    groups.sort(key=lambda g: g.group_name)
+    groups = [GroupSettings.from_row(r.asDict()) for r in groups_df.select(*group_cols).collect()]
+    groups.sort(key=lambda g: g.name)
     for first, second in zip(groups, groups[1:], strict=False):
-        if first.group_name == second.group_name:
-            raise InvalidGroupSettingsError(f"cache group {first.group_name!r} appears more than once")
+        if first.name == second.name:
+            raise InvalidGroupSettingsError(f"cache group {first.name!r} appears more than once")
     return nodes, groups
 
 
 def _rank_chunks(
-    nodes: NodeSet, groups: list[GroupAffinity], chunk_rows: int, ids_as_strings: bool
+    nodes: NodeSet, groups: list[GroupSettings], chunk_rows: int, ids_as_strings: bool
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function: chunk ids in, assignment rows out. Closes over the shipped dimension data."""
     offsets = np.cumsum([0] + [g.partitions for g in groups], dtype=np.int64)
     total = int(offsets[-1])
     node_ids = pa.array(nodes.node_ids, type=pa.string())
-    group_names = pa.array([g.group_name for g in groups], type=pa.string())
+    group_names = pa.array([g.name for g in groups], type=pa.string())
 
     def rank(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -144,16 +92,7 @@ def _rank_chunks(
                     group = groups[g]
                     first = max(lo, int(offsets[g])) - int(offsets[g])
                     last = min(hi, int(offsets[g + 1])) - int(offsets[g])
-                    matrix = assign_indexes(
-                        np.arange(first, last),
-                        nodes,
-                        group.backups,
-                        group.affinity,
-                        group.mode,
-                        group.exclude_neighbors,
-                        group.backup_filter,
-                        ids_as_strings,
-                    )
+                    matrix = assign_indexes(np.arange(first, last), nodes, group, ids_as_strings)
                     # Row-major nonzero keeps (partition, replica) order; -1 slots (unsatisfiable filter) drop out.
                     rows, replica = np.nonzero(matrix >= 0)
                     if rows.size:
@@ -211,11 +150,9 @@ def ideal_assignment(nodes_df: DataFrame, groups_df: DataFrame, settings: Affini
     return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
 
 
-def _balanced_rows(nodes: NodeSet, groups: list[GroupAffinity], spread: bool) -> pa.Table:
+def _balanced_rows(nodes: NodeSet, groups: list[GroupSettings], spread: bool) -> pa.Table:
     """The ``balanced`` groups' rows, placed together on the driver (a function of every balanced group)."""
-    matrices = assign_balanced(
-        [BalancedGroup(g.group_name, g.partitions, g.backups, g.mode, g.exclude_neighbors, g.backup_filter)
-         for g in groups], nodes, spread=spread)
+    matrices = assign_balanced(groups, nodes, spread=spread)
     node_ids = pa.array(nodes.node_ids, type=pa.string())
     tables = []
     for name, matrix in sorted(matrices.items()):

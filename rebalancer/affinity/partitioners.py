@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rebalancer.hashing import java_string_hash, java_uuid_hash, murmur3_32, to_signed32
+from rebalancer.vocabulary import DEFAULT_PARTITIONER
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -61,7 +62,6 @@ IntType = Literal["auto", "int", "long"]
 Key = str | int | bytes | uuid.UUID
 
 PARTITIONERS: Final[tuple[str, ...]] = get_args(Partitioner)
-DEFAULT_PARTITIONER: Final = "murmur3"
 INT_TYPES: Final[tuple[str, ...]] = get_args(IntType)
 
 #: Hazelcast ``HashUtil.DEFAULT_MURMUR_SEED``.

@@ -354,12 +354,13 @@ def batch_size(nodes: int) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RankedNodes:
-    """Per node set: columns in node_id order (the tie rule), their seeds and capacities."""
+    """Per node set: columns in node_id order (the tie rule), their seeds, capacities and host classes."""
 
     perm: npt.NDArray[np.intp]  # column -> index into the NodeSet
     seeds: npt.NDArray[np.uint32]
     capacities: npt.NDArray[np.float64]
     uniform: bool
+    hosts: npt.NDArray[np.int32]  # column -> host class (exclude_neighbors: equal hosts, equal class)
 
 
 def ranked_nodes(nodes: NodeSet) -> RankedNodes:
@@ -375,6 +376,7 @@ def _prepare(nodes: NodeSet) -> RankedNodes:
         seeds=node_seeds([nodes.node_ids[i] for i in perm]),
         capacities=np.array([nodes.capacities[i] for i in perm], dtype=np.float64),
         uniform=nodes.uniform_capacity,
+        hosts=nodes.host_classes()[perm],
     )
 
 
@@ -438,7 +440,7 @@ def assign_rendezvous(
     if not replicated:
         distinct: list[npt.NDArray[np.int32]] = []
         if exclude_neighbors:
-            distinct.append(nodes.host_classes()[prep.perm])
+            distinct.append(prep.hosts)
         filter_cls = nodes.filter_classes(tuple(backup_filter))[prep.perm] if backup_filter else None
         if filter_cls is not None:
             distinct.append(filter_cls)

@@ -16,8 +16,8 @@ Input (:data:`INPUT_SCHEMA`, one Arrow table, rows in any order): tagged rows of
 - ``LOST``: present when the partition is in the previous ``lost_partitions``;
 - ``VERSION``: the previous ``partition_version``.
 
-The exchange-wide facts (alive servers with their join order, the running groups with their settings and whether
-each was started or reset in this exchange, the rebalance threshold) come in a :class:`KernelContext`.
+The exchange-wide facts (alive servers with their join order, the running groups with their settings, the groups
+started or reset in this exchange, the rebalance threshold) come in a :class:`KernelContext`.
 
 Decisions, in this order, per partition (docs/EXCHANGE.md has the reasons):
 
@@ -65,6 +65,7 @@ import pyarrow.compute as pc
 
 from rebalancer.affinity.assign import assign_indexes
 from rebalancer.affinity.nodeset import NodeSet
+from rebalancer.groups import GroupSettings
 from rebalancer.vocabulary import (
     COPY,
     DROP,
@@ -93,7 +94,6 @@ __all__ = [
     "REPORT",
     "VERSION",
     "Decisions",
-    "GroupSettings",
     "KernelContext",
     "KernelInputError",
     "KernelInvariantError",
@@ -170,44 +170,15 @@ class KernelInvariantError(AssertionError):
 
 
 @dataclass(frozen=True)
-class GroupSettings:
-    """One running cache group as the kernel needs it (SPEC defaults applied).
-
-    Attributes:
-        name: ``group_name``.
-        partitions: partition count.
-        backups: backups per partition.
-        mode: ``PARTITIONED`` or ``REPLICATED``.
-        affinity: ``rendezvous`` or ``ignite``.
-        exclude_neighbors: keep replicas on distinct hosts where possible.
-        backup_filter: attribute names replicas must differ in.
-        loss_policy: ``READ_WRITE_SAFE``, ``READ_ONLY_SAFE`` or ``IGNORE``.
-        started: the group starts in this exchange (first exchange, or ``CACHE_STARTED``).
-        reset: the group is reset by ``RESET_LOST_PARTITIONS`` in this exchange.
-        persistent: placed over the baseline topology when one is set (the caller hands the kernel the placement).
-    """
-
-    name: str
-    partitions: int
-    backups: int
-    mode: str = "PARTITIONED"
-    affinity: str = "rendezvous"
-    exclude_neighbors: bool = False
-    backup_filter: tuple[str, ...] = ()
-    loss_policy: str = "READ_WRITE_SAFE"
-    started: bool = False
-    reset: bool = False
-    persistent: bool = True
-
-
-@dataclass(frozen=True)
 class KernelContext:
     """Exchange-wide facts shared by every batch.
 
     Attributes:
         nodes: the alive server nodes (the affinity candidates; only their copies and reports count).
         node_orders: ``node_order`` of every alive node (the temporary primary's last tie-break).
-        groups: the running groups by name.
+        groups: the running groups' settings by name (:meth:`rebalancer.groups.GroupSettings.from_row`).
+        started: the groups that start in this exchange (first exchange, or ``CACHE_STARTED``).
+        reset: the groups reset by ``RESET_LOST_PARTITIONS`` in this exchange.
         history_threshold: ``rebalance.history_threshold``: a supplier must hold more entries for HISTORICAL.
         ids_as_strings: ``affinity.ignite_ids_as_strings``.
         placements: a group's replica matrix decided outside the kernel, used instead of its affinity function:
@@ -216,12 +187,14 @@ class KernelContext:
         listed: a group's ideal lists as ``ideal_assignment`` shows them when they name nodes that are not alive
             (a persistent group over a baseline with offline nodes): node ids and a matrix of indexes into them
             (row = partition id, -1 = none). Only the table shows them; every decision uses ``placements``,
-            which then holds that matrix onto ``nodes`` (:func:`rebalancer.pipeline.placed_onto`).
+            which then holds that matrix onto ``nodes`` (:func:`rebalancer.stages.placement.placed_onto`).
     """
 
     nodes: NodeSet
     node_orders: Mapping[str, int]
     groups: Mapping[str, GroupSettings]
+    started: frozenset[str] = frozenset()
+    reset: frozenset[str] = frozenset()
     history_threshold: int = 500
     ids_as_strings: bool = False
     placements: Mapping[str, npt.NDArray[np.int32]] = field(default_factory=dict)
@@ -368,6 +341,11 @@ class _Batch:
         values = np.array([getattr(s, attribute) for s in self.settings])
         return values[self.group] if self.n else values[:0]
 
+    def in_groups(self, names: frozenset[str]) -> B:
+        """Per partition: whether its group is one of ``names``."""
+        member = np.array([g in names for g in self.group_names], dtype=bool)
+        return member[self.group] if self.n else member[:0]
+
 
 def _partition_codes(table: pa.Table, ctx: KernelContext) -> tuple[_Batch, I64]:
     """The batch's partitions from the marker rows, and each input row's partition index."""
@@ -508,9 +486,7 @@ def _ideal(batch: _Batch, ctx: KernelContext) -> _Ideal:
             continue
         placed = ctx.placements.get(settings.name)
         matrix = placed[batch.pid[members]] if placed is not None else assign_indexes(
-            batch.pid[members], ctx.nodes, settings.backups, settings.affinity, settings.mode,
-            settings.exclude_neighbors, settings.backup_filter, ctx.ids_as_strings,
-        )
+            batch.pid[members], ctx.nodes, settings, ctx.ids_as_strings)
         row, col = np.nonzero(matrix >= 0)  # row-major: (partition, replica) order
         qs.append(members[row])
         replicas.append(col.astype(np.int64))
@@ -596,7 +572,7 @@ def decide(table: pa.Table, ctx: KernelContext) -> Decisions:
     kind = _int(table.column("kind"))
     nodes = _node_dictionary(ctx, table.column("node_id"))
     n = batch.n
-    started, reset = batch.of_group("started").astype(bool), batch.of_group("reset").astype(bool)
+    started, reset = batch.in_groups(ctx.started), batch.in_groups(ctx.reset)
     policy = batch.of_group("loss_policy").astype(object)
     ignore = policy == IGNORE
 

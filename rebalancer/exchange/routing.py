@@ -10,7 +10,8 @@ Three steps, two of them Spark (no I/O, no Python per row):
 3. :func:`client_affinity`: each mapping's rows from its lead group's assignment (the only rows aggregated).
 
 - A group's *mapping* is (``partitions``, resolved ``partitioner``, the ordered node list of every partition).
-  The partitioner resolves per SPEC: null means ``ignite`` for the ``ignite`` affinity, else ``murmur3``.
+  The partitioner resolves per SPEC (:attr:`rebalancer.groups.GroupSettings.partitioner`): null means ``ignite``
+  for the ``ignite`` affinity, else ``murmur3``.
 - Groups with identical mappings share one ``mapping_id``; ``group_names`` is sorted ascending.
 - ``mapping_id`` is dense and deterministic: 0 for the mapping holding the alphabetically smallest group name,
   1 for the next, ... ordered by each mapping's smallest group name. The same input always gives the same ids.
@@ -43,6 +44,7 @@ from pyspark.sql.types import StructType
 
 from rebalancer.affinity.partitioners import PARTITIONERS
 from rebalancer.client.routing import ROUTING_FORMAT
+from rebalancer.groups import GroupSettings, resolve_partitioner
 from rebalancer.tables import CLIENT_AFFINITY, VERSION_COLUMNS
 
 __all__ = [
@@ -70,26 +72,9 @@ class RoutingExportError(ValueError):
     """The ``client_affinity`` / ``cache_groups`` rows cannot form a consistent routing document."""
 
 
-def resolve_partitioner(partitioner: str | None, affinity: str | None) -> str:
-    """A group's key partitioner with the SPEC default applied (pure-Python twin of :func:`resolved_partitioner_col`).
-
-    Args:
-        partitioner: ``cache_groups.partitioner`` (``murmur3`` | ``ignite`` | ``hazelcast`` | None, any case).
-        affinity: ``cache_groups.affinity`` (``rendezvous`` | ``ignite`` | None, any case).
-
-    Returns:
-        The lower-case partitioner name: ``partitioner`` when set, else ``ignite`` for the ``ignite`` affinity,
-        else ``murmur3``.
-    """
-    if partitioner is not None:
-        return partitioner.strip().lower()
-    if affinity is not None and affinity.strip().lower() == "ignite":
-        return "ignite"
-    return "murmur3"
-
-
 def resolved_partitioner_col(partitioner: str = "partitioner", affinity: str = "affinity") -> Column:
-    """``Column`` form of :func:`resolve_partitioner` over columns ``partitioner`` and ``affinity``."""
+    """``Column`` form of :func:`rebalancer.groups.resolve_partitioner` over columns ``partitioner`` and
+    ``affinity``."""
     return F.coalesce(
         F.lower(F.trim(F.col(partitioner))),
         F.when(F.lower(F.trim(F.col(affinity))) == "ignite", F.lit("ignite")).otherwise(F.lit("murmur3")),
@@ -138,13 +123,13 @@ class ClientMapping:
         return self.group_names[0]
 
 
-def fold(digests: Iterable[dict[str, Any]], groups: Iterable[dict[str, Any]]) -> list[ClientMapping]:
+def fold(digests: Iterable[dict[str, Any]], groups: Iterable[GroupSettings]) -> list[ClientMapping]:
     """Groups with identical routing folded into mappings (pure Python over one row per group).
 
     Args:
         digests: :func:`routing_digests` rows.
-        groups: ``cache_groups`` rows (``group_name``, ``partitions``, ``affinity``, ``partitioner``); only groups
-            present in both are routed.
+        groups: the groups' settings (``name``, ``partitions``, ``partitioner`` are read); only groups present in
+            both are routed.
 
     Returns:
         The mappings, ``mapping_id`` 0, 1, ... ordered by each mapping's smallest group name; ``group_names``
@@ -153,12 +138,9 @@ def fold(digests: Iterable[dict[str, Any]], groups: Iterable[dict[str, Any]]) ->
     return _fold(((d["group_name"], tuple(int(d[lane]) for lane in DIGEST_LANES)) for d in digests), groups)
 
 
-def _fold(digests: Iterable[tuple[str, tuple[Any, ...]]], groups: Iterable[dict[str, Any]]) -> list[ClientMapping]:
+def _fold(digests: Iterable[tuple[str, tuple[Any, ...]]], groups: Iterable[GroupSettings]) -> list[ClientMapping]:
     """:func:`fold` over ``(group_name, digest)`` pairs, whatever the digest (a tuple compared for equality)."""
-    settings = {
-        g["group_name"]: (int(g["partitions"]), resolve_partitioner(g.get("partitioner"), g.get("affinity")))
-        for g in groups
-    }
+    settings = {g.name: (g.partitions, g.partitioner) for g in groups}
     classes: dict[tuple[Any, ...], list[str]] = {}
     for name, digest in digests:
         if name in settings:
@@ -200,7 +182,7 @@ def client_affinity(assignment_df: DataFrame, mappings: Sequence[ClientMapping])
     )
 
 
-def client_affinity_arrow(assignment: pa.Table, groups: Iterable[dict[str, Any]]) -> pa.Table:
+def client_affinity_arrow(assignment: pa.Table, groups: Iterable[GroupSettings]) -> pa.Table:
     """:func:`fold` and :func:`client_affinity` over an Arrow assignment, on the driver (small exchanges).
 
     The same mappings and rows as the Spark path. Groups fold when their rows are equal, compared exactly (each
@@ -211,7 +193,7 @@ def client_affinity_arrow(assignment: pa.Table, groups: Iterable[dict[str, Any]]
     Args:
         assignment: the late assignment (``group_name, partition_id, replica_index, node_id``; extra columns
             ignored), ``(group_name, partition_id, replica_index)`` unique.
-        groups: ``cache_groups`` rows, as for :func:`fold`.
+        groups: the groups' settings, as for :func:`fold`.
 
     Returns:
         :data:`CLIENT_AFFINITY_STAGE` rows as Arrow, ordered by mapping and partition.
@@ -308,8 +290,8 @@ def export_rows_to_json(rows: Iterable[Any], groups: Iterable[Any], version: tup
     Args:
         rows: ``client_affinity`` rows of ONE committed version (``mapping_id``, ``group_names``,
             ``partition_id``, ``primary_node``, ``backup_nodes``; version columns, if present, are ignored).
-        groups: ``cache_groups`` rows (``group_name``, ``partitions``, ``affinity``, ``partitioner``);
-            groups that no row mentions are ignored.
+        groups: ``cache_groups`` rows as stored (``group_name``, ``partitions``, ``affinity``, ``partitioner``;
+            pyspark ``Row`` objects or dicts, other columns not needed); groups that no row mentions are ignored.
         version: ``(topology_major, topology_minor)`` of the rows.
 
     Returns:

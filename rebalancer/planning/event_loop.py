@@ -108,7 +108,7 @@ def run(
 def _by_rank(x: LoopInput, rank: np.ndarray) -> LoopInput:
     """``x`` with its rows renumbered in dispatch order (row ``rank[i]`` is row i of ``x``). The loop dispatches by
     row number then, and the rows it works on at a time lie close together in memory (the million-step plan of
-    docs/PLANNING.md, `ours`: medians of 12.1 and 12.7 s of CPU against 13.6 and 13.7 s, alternating). The
+    docs/PLANNING.md, `portfolio`: medians of 12.1 and 12.7 s of CPU against 13.6 and 13.7 s, alternating). The
     numbering decides only the order of one instant's events (ordered by row on equal times), which the loop
     handles as one batch: it changes at most the rounding of sums of stream rates, which the admission limits
     allow for (`_RATE_TOLERANCE` in schedule.py); every suite plan and the synthetic one schedule as before."""

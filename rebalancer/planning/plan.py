@@ -32,28 +32,18 @@ __all__ = ["PLAN_SCHEMA", "cost_model", "finish_plan", "schedule_plan"]
 
 #: A finished plan: ``migration_plan`` without version columns (``wave`` and times null until scheduled), plus
 #: what the scheduler reads and the table does not keep (``candidates``, ``primary_node``, ``owners``, ``replicas``).
+#: The columns the scheduler reads and fills are its own (:data:`rebalancer.planning.schedule.SCHEDULED_SCHEMA`);
+#: the others are the planner's.
 PLAN_SCHEMA = pa.schema(
     [
-        ("migration_id", pa.int64()),
-        ("group_name", pa.string()),
-        ("partition_id", pa.int32()),
-        ("step", pa.int32()),
-        ("action", pa.string()),
-        ("source_node", pa.string()),
-        ("target_node", pa.string()),
+        *scheduling.plan_fields("migration_id", "group_name", "partition_id", "step", "action", "source_node",
+                                "target_node"),
         ("rebalance_mode", pa.string()),
         ("from_counter", pa.int64()),
         ("to_counter", pa.int64()),
-        ("bytes", pa.int64()),
-        ("wave", pa.int32()),
-        ("est_start_s", pa.float64()),
-        ("est_end_s", pa.float64()),
-        ("transfer", pa.string()),
+        *scheduling.plan_fields("bytes", "wave", "est_start_s", "est_end_s", "transfer"),
         ("chunks", pa.int32()),
-        ("candidates", pa.list_(pa.string())),
-        ("primary_node", pa.string()),
-        ("owners", pa.int32()),
-        ("replicas", pa.int32()),
+        *scheduling.plan_fields("candidates", "primary_node", "owners", "replicas"),
     ]
 )
 
@@ -166,13 +156,13 @@ def _spread(steps: pa.Table, pool: pa.ListArray, is_copy: np.ndarray) -> np.ndar
     return out
 
 
-def schedule_plan(plan: pa.Table, settings: MigrationSettings, policy: str = "ours") -> tuple[pa.Table, float]:
+def schedule_plan(plan: pa.Table, settings: MigrationSettings, policy: str = "portfolio") -> tuple[pa.Table, float]:
     """Schedule a finished plan under the cost model of ``settings``.
 
     Args:
         plan: :func:`finish_plan`'s result.
         settings: the ``[migration]`` settings (cost model and cap).
-        policy: ``ours``, ``hazelcast`` or ``serial`` (see :mod:`rebalancer.planning.schedule`).
+        policy: ``portfolio``, ``hazelcast`` or ``serial`` (see :mod:`rebalancer.planning.schedule`).
 
     Returns:
         The plan with sources chosen and ``wave``, ``est_start_s``, ``est_end_s`` set, and the lower bound of its

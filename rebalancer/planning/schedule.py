@@ -28,7 +28,7 @@ Cost model (fluid, simulated event by event; parameters in :class:`CostModel`)
       count the transfers in their transfer phase sending from that source / receiving at that target. Rates
       change only when a transfer starts or ends, so between two events every transfer moves at a constant rate
       and the simulation is exact (up to floating point). A COPY of 0 bytes ends after its overhead.
-    * Direction-aware admission (``ours`` only; the baselines use slots alone): a node's inbound and outbound
+    * Direction-aware admission (``portfolio`` only; the baselines use slots alone): a node's inbound and outbound
       directions admit COPYs separately, so a node saturated in one direction still admits work in the other. A
       COPY is *committed* to its target's inbound and its source's outbound direction from its start until its
       transfer is within ``overhead_s`` of its end at its current rate (so that a successor's overhead overlaps
@@ -44,7 +44,7 @@ Policies (:data:`POLICIES`)
     Every policy but ``serial`` is a greedy list schedule: at every event the ready steps are offered the free
     slots in a priority order and each one that fits starts.
 
-    ``ours``
+    ``portfolio``
         The shortest of three list schedules (the first on a tie), each simulated in full; one is abandoned as
         soon as it runs past the shortest so far. All three put first the partitions SPEC 4 sends first
         (*urgent*: ``owners < replicas`` or ``owners <= 1``), so at every instant the urgent ready steps are
@@ -63,23 +63,23 @@ Policies (:data:`POLICIES`)
            drop many copies, such as a leaving one, from being every partition's supplier), then the fewest
            running COPYs sending from it, then the fewest bytes assigned, then ``node_id``. Direction-aware
            admission.
-        2. *previous*: the order of the scheduler before issue 18, slots only: urgent first, fewer owners, steps
-           without a transfer first, then the larger *bottleneck load* (a node's load is the solo time of the
-           steps it must host plus an even share of the COPYs it may send; a step's, the largest over its nodes,
-           a COPY's source side at its least loaded candidate), then the longer solo time, then plan order; the
-           same source choice. It is that scheduler exactly, so ``ours`` is never longer than it was; it wins on
+        2. *bottleneck*: slots only: urgent first, fewer owners, steps without a transfer first, then the larger
+           *bottleneck load* (a node's load is the solo time of the steps it must host plus an even share of the
+           COPYs it may send; a step's, the largest over its nodes, a COPY's source side at its least loaded
+           candidate), then the longer solo time, then plan order; the same source choice. As a candidate it
+           makes ``portfolio`` never longer than this order alone, a simpler scheduler that beats *balanced* on
            random plans whose nodes both send and receive at random, where direction limits can starve a node
            whose transfers are slowed at their other end.
         3. *ordered*: urgent first, then ``(group_name, partition_id, step)``; a COPY reads from ``hazelcast``'s
            source when that is one of its candidates, else from its first open candidate; slots only. When the
            partitions are in one priority class and every COPY's ``hazelcast`` source is one of its candidates
            (plans of the planner with FULL rebalances: the serving primary owns), this *is* the ``hazelcast``
-           schedule, so ``ours`` is never longer than ``hazelcast``. Across classes no such promise holds: going
+           schedule, so ``portfolio`` is never longer than ``hazelcast``. Across classes no such promise holds: going
            urgent first can cost time (one slot on ``a``; urgent ``a -> b`` 1 s; other partition ``a -> c`` 1 s
            then ``c -> d`` 10 s: urgent first ends at 12 s, partition order at 11 s).
 
         What each rule of *balanced* is for, measured on the benchmark's plans (docs/PLANNING.md): sorting a
-        node's COPYs longest first (the previous order's fifth rule) made equal-size transfers start and end
+        node's COPYs longest first (the bottleneck order's fifth rule) made equal-size transfers start and end
         together, so their successors' overheads coincided and a receiving node's link idled: 10-12% over the
         bound after the XL / XXL failures. Ranking by the static bottleneck load (its fourth) exhausted the
         work of the most loaded node's pairs first and left idle nodes at the end at cap 1 (26% over on M).
@@ -93,7 +93,7 @@ Policies (:data:`POLICIES`)
         One step at a time in ``(group_name, partition_id, step)`` order, from ``source_node`` as given; each runs
         alone, so a COPY moves at ``min(stream, bw)``. Its makespan is the sum of the estimated durations.
 
-    ``ours`` and ``hazelcast`` never take longer than ``serial``. Let W(t) be the serial time still owed by the
+    ``portfolio`` and ``hazelcast`` never take longer than ``serial``. Let W(t) be the serial time still owed by the
     unfinished steps (remaining overhead plus remaining bytes at each one's solo rate). Some step always runs:
     when none runs, every slot is free and no direction has a COPY committed, so any ready step starts. If one
     is in its overhead W falls at rate >= 1; else take the node where the largest count m of transfers meets
@@ -157,6 +157,7 @@ import pyarrow.compute as pc
 
 from rebalancer.planning import event_loop
 from rebalancer.planning.event_loop import A_COPY, A_DROP, A_PROMOTE
+from rebalancer.vocabulary import COPY, DROP, ENTRIES, FILES, PROMOTE
 
 __all__ = [
     "PLAN_INPUT_SCHEMA",
@@ -168,13 +169,11 @@ __all__ = [
     "lower_bound",
     "lower_bound_terms",
     "makespan",
+    "plan_fields",
     "schedule",
 ]
 
-POLICIES = ("ours", "hazelcast", "serial")
-
-COPY, PROMOTE, DROP = "COPY", "PROMOTE", "DROP"
-ENTRIES, FILES = "entries", "files"
+POLICIES = ("portfolio", "hazelcast", "serial")
 
 PLAN_INPUT_SCHEMA = pa.schema(
     [
@@ -199,6 +198,12 @@ _SCHEDULE_FIELDS = [
     pa.field("est_end_s", pa.float64()),
 ]
 SCHEDULED_SCHEMA = pa.schema([*PLAN_INPUT_SCHEMA, *_SCHEDULE_FIELDS])
+
+
+def plan_fields(*names: str) -> list[pa.Field]:
+    """The fields ``names`` of :data:`SCHEDULED_SCHEMA`, in the order given: a plan's columns that the scheduler
+    reads or fills, declared here once (``rebalancer.planning.plan.PLAN_SCHEMA`` takes them)."""
+    return [SCHEDULED_SCHEMA.field(name) for name in names]
 
 _LOWER_BOUND_COLUMNS = (
     "group_name", "partition_id", "step", "action", "source_node", "target_node", "transfer", "bytes"
@@ -287,7 +292,7 @@ class _Candidate:
 
 
 @dataclass(frozen=True)
-class _Run:
+class _Timetable:
     """A simulated schedule: per row its start, end and the node it read from; and its makespan."""
 
     start: np.ndarray
@@ -296,14 +301,14 @@ class _Run:
     makespan: float
 
 
-def schedule(plan: pa.Table, model: CostModel, policy: str = "ours") -> pa.Table:
+def schedule(plan: pa.Table, model: CostModel, policy: str = "portfolio") -> pa.Table:
     """Schedule the steps of a migration plan under the cost model.
 
     Args:
         plan: one row per step with at least the columns of :data:`PLAN_INPUT_SCHEMA` (castable to those types);
             other columns are kept as they are.
         model: the cost model.
-        policy: ``"ours"``, ``"hazelcast"`` or ``"serial"`` (module docstring).
+        policy: ``"portfolio"``, ``"hazelcast"`` or ``"serial"`` (module docstring).
 
     Returns:
         ``plan``'s rows in the same order with ``source_node`` set to each COPY's chosen source (other rows keep
@@ -326,7 +331,7 @@ def schedule(plan: pa.Table, model: CostModel, policy: str = "ours") -> pa.Table
     elif policy == "hazelcast":
         run = _simulate(p, model, _hazelcast(p), solo)
     else:
-        run = _ours(p, model, solo)
+        run = _portfolio(p, model, solo)
     return _with_schedule(plan, p, run)
 
 
@@ -721,12 +726,12 @@ def _solo_durations(p: _Plan, model: CostModel) -> np.ndarray:
 # --- policies -------------------------------------------------------------------------------------------------
 
 
-def _serial(p: _Plan, solo: np.ndarray) -> _Run:
+def _serial(p: _Plan, solo: np.ndarray) -> _Timetable:
     """``serial``: one step after the other in ``(group_name, partition_id, step)`` order, each alone."""
     ends = np.cumsum(solo[p.order])
     start, end = np.empty(p.n), np.empty(p.n)
     start[p.order], end[p.order] = np.concatenate([[0.0], ends[:-1]]), ends
-    return _Run(start, end, p.src, float(ends[-1]) if p.n else 0.0)
+    return _Timetable(start, end, p.src, float(ends[-1]) if p.n else 0.0)
 
 
 def _positions(p: _Plan) -> np.ndarray:
@@ -767,8 +772,8 @@ def _hazelcast(p: _Plan) -> _Candidate:
     return _Candidate(rank=_positions(p), pool_node=source[is_copy], pool_start=pool_start)
 
 
-def _ours(p: _Plan, model: CostModel, solo: np.ndarray) -> _Run:
-    """``ours``: the shortest of its candidate list schedules (module docstring, "Policies"), the first on a tie.
+def _portfolio(p: _Plan, model: CostModel, solo: np.ndarray) -> _Timetable:
+    """``portfolio``: the shortest of its candidate list schedules (module docstring, "Policies"), the first on a tie.
 
     A candidate is abandoned as soon as it runs past the shortest makespan so far.
     """
@@ -844,8 +849,9 @@ class _NodeLoads:
 
 
 def _slack_rank(p: _Plan, loads: _NodeLoads) -> np.ndarray:
-    """Dispatch rank of ``ours``: urgent partitions first, then fewer owners, steps without a transfer before
-    COPYs, then the least slack, then ``(group_name, partition_id, step)`` (module docstring, "Policies")."""
+    """Dispatch rank of *balanced*, ``portfolio``'s first candidate: urgent partitions first, then fewer owners,
+    steps without a transfer before COPYs, then the least slack, then ``(group_name, partition_id, step)`` (module
+    docstring, "Policies")."""
     position = _positions(p)
     order = np.lexsort((position[loads.rows], loads.nodes))
     before = np.cumsum(loads.use[order]) - loads.use[order]
@@ -866,7 +872,7 @@ def _slack_rank(p: _Plan, loads: _NodeLoads) -> np.ndarray:
 
 
 def _bottleneck_rank(p: _Plan, loads: _NodeLoads, solo: np.ndarray) -> np.ndarray:
-    """Dispatch rank of the *previous* order (module docstring, "Policies"): urgent partitions first, then fewer
+    """Dispatch rank of the *bottleneck* order (module docstring, "Policies"): urgent partitions first, then fewer
     owners, steps without a transfer before COPYs, then the larger bottleneck load, then the longer solo time, then
     ``(group_name, partition_id, step)``. A node's load is the solo time of its pinned steps plus an even share of
     the COPYs it may send; a step's bottleneck load the largest over the nodes it touches, a COPY's source side
@@ -887,7 +893,7 @@ def _bottleneck_rank(p: _Plan, loads: _NodeLoads, solo: np.ndarray) -> np.ndarra
     return rank
 
 
-def _simulate(p: _Plan, model: CostModel, cand: _Candidate, solo: np.ndarray, horizon: float = math.inf) -> _Run:
+def _simulate(p: _Plan, model: CostModel, cand: _Candidate, solo: np.ndarray, horizon: float = math.inf) -> _Timetable:
     """Greedy list scheduling of ``p`` under the fluid cost model (module docstring, "Implementation"): at every
     instant the ready steps are offered free slots in ``cand.rank`` order and every one that fits starts.
 
@@ -901,7 +907,7 @@ def _simulate(p: _Plan, model: CostModel, cand: _Candidate, solo: np.ndarray, ho
     Returns:
         Start, end and source of every row (``source_node`` for PROMOTE and DROP), and the makespan.
     """
-    return _Run(*event_loop.run(_loop_input(p, model, cand, solo), horizon))
+    return _Timetable(*event_loop.run(_loop_input(p, model, cand, solo), horizon))
 
 
 def _loop_input(p: _Plan, model: CostModel, cand: _Candidate, solo: np.ndarray) -> event_loop.LoopInput:
@@ -918,7 +924,7 @@ def _loop_input(p: _Plan, model: CostModel, cand: _Candidate, solo: np.ndarray) 
     )
 
 
-def _with_schedule(plan: pa.Table, p: _Plan, run: _Run) -> pa.Table:
+def _with_schedule(plan: pa.Table, p: _Plan, run: _Timetable) -> pa.Table:
     """``plan`` with the chosen sources, waves and times (columns replaced in place or appended)."""
     start = np.asarray(run.start, dtype=np.float64)
     if p.n:

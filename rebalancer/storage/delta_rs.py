@@ -6,7 +6,8 @@ Why this shape (measured facts in FIELD-NOTES.md):
   Only the files of the requested version are read (``spark.read.parquet(table)`` would also read removed files),
   the explicit schema keeps types exact, and deltalake's own Arrow readers are never used (they abort the process
   at exit, delta-io/delta-rs#2184). This is correct only without deletion vectors and column mapping, so tables
-  using them are refused.
+  using them are refused. The reads are :class:`~rebalancer.storage.delta_log.DriverReader`'s, which delta-spark
+  uses too.
 * **Writes** never pass through the driver: Spark writes parquet files into a fresh sub-directory of the table
   (``rb-<utc time>-<uuid>/``), the driver reads each file's footer (size, row count, integer min/max, null counts),
   and delta-rs commits all of them in ONE transaction with ``create_write_transaction``. A write that fails before
@@ -20,7 +21,8 @@ Why this shape (measured facts in FIELD-NOTES.md):
   neither found a file to remove, which is what keeps two concurrent re-runs of one exchange from both inserting
   their rows. A ``CommitFailedError`` re-plans the attempt, up to ``storage.commit_retries`` times.
 * **Lax enforcement is bypassed**: delta-rs would cast ``"7"`` or ``7.9`` into an int column; every DataFrame is
-  first fitted to the table with :func:`conform` (lossless widening only) and written by Spark with exact types.
+  first fitted to the table with :func:`~rebalancer.storage.schemas.conform` (lossless widening only) and written
+  by Spark with exact types.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -44,8 +45,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError, DeltaError
-from deltalake.exceptions import TableNotFoundError as DeltaTableNotFoundError
+from deltalake.exceptions import CommitFailedError
 from deltalake.schema import Schema as DeltaSchema
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -62,44 +62,27 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from rebalancer import tables
+from rebalancer.config import DELTA_RS
 from rebalancer.frames import parallelism
-from rebalancer.storage.base import (
-    COMMIT_COLUMN,
-    TABLE_PROPERTIES,
-    WHERE_MARKER,
-    TableChanges,
-    Warehouse,
-    WhereValue,
-    absent_rows,
-    check_contract_name,
-    check_merge_keys,
-    check_table_name,
-    check_unique_keys,
-    conform,
-    files_added_by_commit,
-    guard_where,
-    local_directory,
-    project_declared,
-    quote_identifier,
-    retry_on_conflict,
-    transaction_app,
-    where_predicate,
-    where_sql,
+from rebalancer.storage.base import TableChanges, Warehouse
+from rebalancer.storage.commits import retry_on_conflict, transaction_app
+from rebalancer.storage.delta_log import local_directory
+from rebalancer.storage.driver_reader import (
+    DataFile,
+    DriverReader,
+    check_readable,
+    file_may_match,
+    spark_path_to_local,
+    stored_schema,
 )
-from rebalancer.storage.errors import (
-    SchemaMismatchError,
-    StorageError,
-    TableNotFoundError,
-    UnsupportedTableError,
-    VersionNotFoundError,
-    WhereMismatchError,
-)
+from rebalancer.storage.errors import SchemaMismatchError, UnsupportedTableError, WhereMismatchError
+from rebalancer.storage.keys import absent_rows, check_merge_keys, check_unique_keys, keys_not_null
+from rebalancer.storage.schemas import NULL_MARKER, conform, fit_arrow, optional_columns
+from rebalancer.storage.sql import WHERE_MARKER, WhereValue, guard_where, quote_identifier, where_predicate, where_sql
 
-__all__ = ["DeltaRsWarehouse", "file_stats", "file_may_match", "local_root"]
+__all__ = ["DeltaRsWarehouse", "file_stats", "local_root"]
 
 _WRITTEN = pa.schema([("table", pa.int32()), ("path", pa.string()), ("rows", pa.int64())])
-_NULL_MARKER = "rebalancer-null-violation"
 _INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
 
 # Writer features whose only effect on plain data files is handled here or by delta-rs itself (appendOnly makes
@@ -184,40 +167,6 @@ def file_stats(metadata: pq.FileMetaData, schema: StructType) -> dict[str, Any]:
     return stats
 
 
-def file_may_match(add: Mapping[str, Any], where: Mapping[str, WhereValue]) -> bool:
-    """Whether a data file may hold a row matching ``where``, judged from its statistics alone.
-
-    Only integer bounds and null counts are trusted (see :func:`file_stats`); anything unknown means "may match".
-
-    Args:
-        add: one row of ``DeltaTable.get_add_actions(flatten=True)`` as a dict (``min.<col>``, ``max.<col>``,
-            ``null_count.<col>``, ``num_records``).
-        where: column name to value.
-
-    Returns:
-        False only when the statistics prove that no row matches.
-    """
-    for key, value in where.items():
-        if value is None:
-            if add.get(f"null_count.{key}") == 0:
-                return False
-            continue
-        if not isinstance(value, int) or isinstance(value, bool):
-            continue
-        low, high = add.get(f"min.{key}"), add.get(f"max.{key}")
-        if isinstance(low, int) and not isinstance(low, bool) and value < low:
-            return False
-        if isinstance(high, int) and not isinstance(high, bool) and value > high:
-            return False
-    return True
-
-
-def _spark_path_to_local(file_path: str) -> str:
-    """``_metadata.file_path`` (``file:/a/b%20c``) as a normalised local path (``/a/b c``)."""
-    parsed = urlparse(file_path)
-    return os.path.normpath(unquote(parsed.path if parsed.scheme else file_path))
-
-
 @dataclass
 class _Staged:
     """Parquet files Spark wrote into one fresh directory of a table, not yet committed."""
@@ -228,16 +177,6 @@ class _Staged:
     def discard(self) -> None:
         """Delete the directory: its files were never committed, so no table version references them."""
         shutil.rmtree(self.directory, ignore_errors=True)
-
-
-@dataclass
-class _File:
-    """One data file of a snapshot."""
-
-    path: str  # as in the Delta log (relative to the table)
-    local: str  # absolute local path
-    size: int
-    row: dict[str, Any]  # the add-action row with statistics
 
 
 class DeltaRsWarehouse(Warehouse):
@@ -252,13 +191,14 @@ class DeltaRsWarehouse(Warehouse):
         UnsupportedTableError: ``warehouse`` is not a local directory.
     """
 
-    engine = "delta-rs"
+    engine = DELTA_RS
 
     def __init__(
         self, spark: SparkSession, warehouse: str | Path, *, commit_retries: int = 5, concurrent_commits: int = 1
     ) -> None:
         super().__init__(spark, commit_retries=commit_retries, concurrent_commits=concurrent_commits)
         self.root = local_root(warehouse)
+        self.reader = DriverReader(spark, self.root)
 
     @property
     def location(self) -> str:
@@ -270,40 +210,19 @@ class DeltaRsWarehouse(Warehouse):
 
     # ---- tables ----
     def path_of(self, name: str) -> str:
-        return os.path.join(self.root, check_table_name(name))
+        return self.reader.path_of(name)
 
     def exists(self, name: str) -> bool:
-        return DeltaTable.is_deltatable(self.path_of(name))
+        return self.reader.exists(name)
 
     def create_tables(self, names: Iterable[str] | None = None) -> list[str]:
-        chosen = list(tables.SCHEMAS) if names is None else [check_contract_name(n) for n in names]
-        os.makedirs(self.root, exist_ok=True)
-        created: list[str] = []
-        for name in chosen:
-            if self.exists(name):
-                continue
-            # UTC timestamps keep the protocol at reader 1 / writer 2 (a naive timestamp would need timestampNtz).
-            schema = to_arrow_schema(tables.SCHEMAS[name], timezone="UTC")
-            try:
-                DeltaTable.create(
-                    self.path_of(name),
-                    schema=schema,
-                    mode="error",
-                    configuration={"delta.enableDeletionVectors": TABLE_PROPERTIES["delta.enableDeletionVectors"]},
-                )
-            except DeltaError as exc:
-                if "already exists" in str(exc):  # another process created it between our check and our create
-                    continue
-                raise StorageError(f"could not create table {name} at {self.path_of(name)}: {exc}") from exc
-            created.append(name)
-        return created
+        return self.reader.create_tables(names)
 
     def table_version(self, name: str) -> int:
-        return self._open(name).version()
+        return self.reader.table_version(name)
 
     def commit_times(self, name: str) -> dict[int, dt.datetime]:
-        return {int(h["version"]): dt.datetime.fromtimestamp(h["timestamp"] / 1000, dt.UTC)
-                for h in self._open(name).history()}
+        return self.reader.commit_times(name)
 
     def _add_columns(self, name: str, fields: Sequence[StructField]) -> None:
         snapshot = self._open_for_write(name)
@@ -311,100 +230,50 @@ class DeltaRsWarehouse(Warehouse):
         as_delta = DeltaSchema.from_json(StructType(list(fields)).json()).fields
         snapshot.alter.add_columns(as_delta)
 
-    # ---- reads ----
+    # ---- reads: the driver reader's ----
     def read(
         self, name: str, version: int | None = None, where: Mapping[str, WhereValue] | None = None
     ) -> DataFrame:
-        snapshot = self._open(name, version)
-        if not where:
-            raw = self._read_snapshot(snapshot)
-        else:
-            _check_readable(snapshot, name)
-            stored = _stored_schema(snapshot)
-            files = [f.local for f in self._files(snapshot) if file_may_match(f.row, where)]
-            raw = self._read_files(stored, files, base=snapshot.table_uri).where(where_predicate(where, stored, name))
-        if name not in tables.SCHEMAS:
-            return raw
-        # a version from before `rebalancer upgrade` added a column reads it as null, as read_arrow does
-        return project_declared(raw, tables.SCHEMAS[name], name, missing_as_null=version is not None)
+        return self.reader.read(name, version, where)
 
     def read_arrow(
         self, name: str, where: Mapping[str, WhereValue] | None = None, version: int | None = None
     ) -> pa.Table:
-        snapshot = self._open(name, version)
-        declared = tables.SCHEMAS.get(name)
-        return self._arrow_of(snapshot, name, declared if declared is not None else _stored_schema(snapshot), where)
+        return self.reader.read_arrow(name, where, version)
 
     def read_stored_arrow(self, name: str) -> pa.Table:
-        snapshot = self._open(name)
-        return self._arrow_of(snapshot, name, _stored_schema(snapshot), None)
-
-    def _arrow_of(self, snapshot: DeltaTable, name: str, columns: StructType,
-                  where: Mapping[str, WhereValue] | None) -> pa.Table:
-        """The snapshot's rows (those ``where`` may match) with ``columns``, read on the driver."""
-        _check_readable(snapshot, name)
-        files = [f.local for f in self._files(snapshot) if not where or file_may_match(f.row, where)]
-        schema = to_arrow_schema(columns, timezone="UTC")
-        # pyarrow.dataset over the file list (FIELD-NOTES: deltalake's own Arrow readers may abort the process).
-        dataset = ds.dataset(files, schema=schema, format="parquet", filesystem=pafs.LocalFileSystem())
-        return dataset.to_table(filter=_arrow_where(where) if where else None)
+        return self.reader.read_stored_arrow(name)
 
     def changes(self, name: str, since: int | None) -> TableChanges:
-        snapshot = self._open(name)
-        _check_readable(snapshot, name)
-        now = snapshot.version()
-        added = files_added_by_commit(self.path_of(name), since, now)
-        if added is None:  # rewritten in place, or its log was cleaned up: compare contents
-            return super().changes(name, since)
-        present = {f.path: f.local for f in self._files(snapshot)}
-        stored = _stored_schema(snapshot)
-        parts = [
-            self._read_files(stored, [present[p] for p in paths if p in present], base=snapshot.table_uri)
-            .withColumn(COMMIT_COLUMN, F.lit(version).cast("bigint"))
-            for version, paths in sorted(added.items())
-            if any(p in present for p in paths)
-        ]
-        if not parts:
-            empty = self._read_files(stored, [])
-            return TableChanges(empty.withColumn(COMMIT_COLUMN, F.lit(now).cast("bigint")), now, known_empty=True)
-        rows = parts[0]
-        for part in parts[1:]:
-            rows = rows.unionByName(part)
-        return TableChanges(rows, now)
+        found = self.reader.changes(name, since)
+        # None: rewritten in place, or its log was cleaned up: compare contents
+        return found if found is not None else super().changes(name, since)
+
+    def changes_arrow(self, name: str, since: int | None, max_rows: int | None = None) -> tuple[pa.Table | None, int]:
+        found = self.reader.changes_arrow(name, since, max_rows)
+        return found if found is not None else super().changes_arrow(name, since, max_rows)
 
     def read_raw(self, name: str) -> DataFrame:
-        return self._read_snapshot(self._open(name))
+        return self.reader.read_raw(name)
 
     def stored_columns(self, name: str) -> list[str]:
-        return [f.name for f in self._open(name).schema().fields]
+        return self.reader.stored_columns(name)
 
     # ---- writes ----
     def append(self, name: str, df: DataFrame) -> None:
-        snapshot = self._open_for_write(name)
-        rows = conform(df, _stored_schema(snapshot), name, optional=_optional_columns(name, snapshot))
+        stored = stored_schema(self._open_for_write(name))
+        rows = conform(df, stored, name, optional=optional_columns(name, stored))
         staged = self._stage(name, rows)
         if not staged.adds:
             staged.discard()
             return
-
-        def attempt() -> None:
-            # Appends never need re-planning: delta-rs rebases them over concurrent commits by itself, and a
-            # CommitFailedError (for example a concurrent metadata change) leaves these files uncommitted.
-            latest = self._open_for_write(name)
-            self._commit(name, latest, list(staged.adds), guard=False, operation="append")
-
-        try:
-            retry_on_conflict(attempt, table=name, retries=self.commit_retries, is_conflict=_is_conflict)
-        except BaseException:
-            staged.discard()
-            raise
-        self._refresh_view(name)
+        self._commit_append(name, staged)
 
     def replace_where(self, name: str, df: DataFrame, where: Mapping[str, WhereValue]) -> None:
         snapshot = self._open_for_write(name)
-        stored = _stored_schema(snapshot)
+        stored = stored_schema(snapshot)
         predicate = where_predicate(where, stored, name)
-        rows = conform(df, stored, name, optional=_optional_columns(name, snapshot))
+        rows = conform(df, stored, name, optional=optional_columns(name, stored))
         if where:
             rows = guard_where(rows, where, predicate, name)
         staged = self._stage(name, rows, where=where)
@@ -412,7 +281,7 @@ class DeltaRsWarehouse(Warehouse):
 
         def attempt() -> bool:
             latest = self._open_for_write(name)
-            files = self._files(latest)
+            files = self.reader.files(latest)
             if not where:  # everything is replaced: every file goes, nothing survives, nothing to scan
                 return self._commit_rewrite(name, latest, removed=files, added=staged.adds, operation=operation)
             candidates = [f for f in files if file_may_match(f.row, where)]
@@ -426,19 +295,6 @@ class DeltaRsWarehouse(Warehouse):
             )
 
         self._run_rewrite(name, staged, attempt)
-
-    def rewrite_target(self, name: str, where: Mapping[str, WhereValue]) -> tuple[int, bool]:
-        """For a rewrite another engine commits: the table's latest version, and whether any of its data files may
-        hold a row matching ``where`` (judged from the log's statistics; no data file is read)."""
-        snapshot = self._open(name)
-        return snapshot.version(), any(file_may_match(f.row, where) for f in self._files(snapshot))
-
-    def user_metadata_since(self, name: str, version: int) -> list[str]:
-        """The ``userMetadata`` of every commit of ``name`` after ``version`` (how a writer finds its own commit)."""
-        snapshot = self._open(name)
-        newer = snapshot.version() - version
-        history = snapshot.history(newer) if newer > 0 else []
-        return [str(h["userMetadata"]) for h in history if h.get("userMetadata") is not None]
 
     def delete_where(self, name: str, condition: str) -> None:
         def attempt() -> None:
@@ -455,26 +311,23 @@ class DeltaRsWarehouse(Warehouse):
 
     def merge(self, name: str, df: DataFrame, keys: Sequence[str], *, insert_only: bool = False) -> None:
         snapshot = self._open_for_write(name)
-        stored = _stored_schema(snapshot)
+        stored = stored_schema(snapshot)
         key_list = check_merge_keys(keys, stored, name)
-        staged = self._stage(name, conform(df, stored, name, optional=_optional_columns(name, snapshot)))
+        staged = self._stage(name, conform(df, stored, name, optional=optional_columns(name, stored)))
         # The source was computed once, into the staged files; every later step reads those files instead of
         # re-running the caller's plan.
-        source = self._read_files(stored, [os.path.join(self.path_of(name), a.path) for a in staged.adds])
+        source = self.reader.read_files(stored, [os.path.join(self.path_of(name), a.path) for a in staged.adds])
         try:
             check_unique_keys(source, key_list, name)
         except BaseException:
             staged.discard()
             raise
-        not_null = F.lit(True)
-        for key in key_list:
-            not_null = not_null & F.col(quote_identifier(key)).isNotNull()
-        source_keys = source.select(*key_list).filter(not_null)
+        source_keys = source.select(*key_list).filter(keys_not_null(key_list))
         operation = f"merge{' (insert only)' if insert_only else ''} on {', '.join(key_list)}"
 
         def attempt() -> bool:
             latest = self._open_for_write(name)
-            files = self._files(latest) if staged.adds else []
+            files = self.reader.files(latest) if staged.adds else []
             affected = self._files_joining(latest, files, source_keys, key_list)
             if not insert_only:
                 return self._commit_rewrite(
@@ -488,7 +341,8 @@ class DeltaRsWarehouse(Warehouse):
             if not affected:  # no key exists yet: the staged source is exactly what to insert
                 return self._commit_rewrite(name, latest, removed=[], added=staged.adds, operation=operation)
             # Some keys exist: insert only the source rows whose key is absent; existing rows stay untouched.
-            existing = self._read_files(stored, [f.local for f in affected], base=latest.table_uri).select(*key_list)
+            existing = self.reader.read_files(stored, [f.local for f in affected], base=latest.table_uri)
+            existing = existing.select(*key_list)
             fresh = self._stage(name, _in_order(source.join(existing, on=key_list, how="left_anti"), stored))
             try:
                 self._commit_rewrite(name, latest, removed=[], added=fresh.adds, operation=operation)
@@ -501,39 +355,9 @@ class DeltaRsWarehouse(Warehouse):
 
         self._run_rewrite(name, staged, attempt)
 
-    def changes_arrow(
-        self, name: str, since: int | None, max_rows: int | None = None
-    ) -> tuple[pa.Table | None, int]:
-        snapshot = self._open(name)
-        _check_readable(snapshot, name)
-        now = snapshot.version()
-        added = files_added_by_commit(self.path_of(name), since, now)
-        if added is None:
-            return super().changes_arrow(name, since, max_rows)
-        by_path = {f.path: f for f in self._files(snapshot)}
-        present = {path: f.local for path, f in by_path.items()}
-        if max_rows is not None:
-            rows = sum(int(by_path[p].row.get("num_records") or 0) for paths in added.values() for p in paths
-                       if p in by_path)
-            if rows > max_rows:
-                return None, now
-        schema = to_arrow_schema(_stored_schema(snapshot), timezone="UTC")
-        parts = []
-        for version, paths in sorted(added.items()):
-            files = [present[p] for p in paths if p in present]
-            if files:
-                rows = ds.dataset(files, schema=schema, format="parquet", filesystem=pafs.LocalFileSystem()).to_table()
-                parts.append(rows.append_column(COMMIT_COLUMN, pa.array([version] * rows.num_rows, pa.int64())))
-        if not parts:
-            return schema.empty_table().append_column(COMMIT_COLUMN, pa.array([], pa.int64())), now
-        return pa.concat_tables(parts), now
-
     def replace_where_many(
-        self,
-        frames: Mapping[str, DataFrame | pa.Table],
-        where: Mapping[str, WhereValue],
-        committed: Callable[[str], None] | None = None,
-        rows_hint: int | None = None,
+        self, frames: Mapping[str, DataFrame | pa.Table], where: Mapping[str, WhereValue],
+        committed: Callable[[str], None] | None = None, rows_hint: int | None = None,
     ) -> None:
         if rows_hint is not None and rows_hint >= SPARK_WRITES_FROM_ROWS:
             # Large: Spark's own Parquet writer, one job per table, beats the shared job's Arrow hop into Python
@@ -586,8 +410,8 @@ class DeltaRsWarehouse(Warehouse):
         directories, schemas, tagged = {}, {}, []
         for i, name in enumerate(names):
             snapshot = self._open_for_write(name)
-            stored = _stored_schema(snapshot)
-            rows = conform(frames[name], stored, name, optional=_optional_columns(name, snapshot))
+            stored = stored_schema(snapshot)
+            rows = conform(frames[name], stored, name, optional=optional_columns(name, stored))
             if where:
                 rows = guard_where(rows, where, where_predicate(where, stored, name), name)
             directories[name] = os.path.join(self.path_of(name), relative)
@@ -636,17 +460,8 @@ class DeltaRsWarehouse(Warehouse):
         for row in written:
             name = names[row["table"]]
             metadata = pq.read_metadata(row["path"])
-            info = os.stat(row["path"])
-            staged[name].adds.append(
-                AddAction(
-                    path=f"{relative}/{os.path.basename(row['path'])}",
-                    size=info.st_size,
-                    partition_values={},
-                    modification_time=int(info.st_mtime * 1000),
-                    data_change=True,
-                    stats=json.dumps(file_stats(metadata, schemas[name][0]), separators=(",", ":")),
-                )
-            )
+            relative_path = f"{relative}/{os.path.basename(row['path'])}"
+            staged[name].adds.append(_add_action(relative_path, row["path"], metadata, schemas[name][0]))
         return staged
 
     def _replace_staged(self, name: str, staged: _Staged, where: Mapping[str, WhereValue]) -> None:
@@ -655,9 +470,9 @@ class DeltaRsWarehouse(Warehouse):
 
         def attempt() -> bool:
             latest = self._open_for_write(name)
-            stored = _stored_schema(latest)
+            stored = stored_schema(latest)
             predicate = where_predicate(where, stored, name)
-            files = self._files(latest)
+            files = self.reader.files(latest)
             candidates = [f for f in files if file_may_match(f.row, where)] if where else files
             return self._commit_rewrite(
                 name,
@@ -674,22 +489,11 @@ class DeltaRsWarehouse(Warehouse):
     def append_arrow(self, name: str, rows: pa.Table) -> None:
         if rows.num_rows == 0:
             return
-        snapshot = self._open_for_write(name)
-        staged = self._stage_arrow(name, rows, snapshot)
-
-        def attempt() -> None:
-            self._commit(name, self._open_for_write(name), list(staged.adds), guard=False, operation="append")
-
-        try:
-            retry_on_conflict(attempt, table=name, retries=self.commit_retries, is_conflict=_is_conflict)
-        except BaseException:
-            staged.discard()
-            raise
-        self._refresh_view(name)
+        self._commit_append(name, self._stage_arrow(name, rows, self._open_for_write(name)))
 
     def replace_where_arrow(self, name: str, rows: pa.Table, where: Mapping[str, WhereValue]) -> None:
         snapshot = self._open_for_write(name)
-        where_predicate(where, _stored_schema(snapshot), name)  # checks the where against the schema
+        where_predicate(where, stored_schema(snapshot), name)  # checks the where against the schema
         if where and rows.num_rows:
             inside = pc.all(_matches(rows, where)).as_py()
             if not inside:
@@ -702,7 +506,7 @@ class DeltaRsWarehouse(Warehouse):
 
         def attempt() -> bool:
             latest = self._open_for_write(name)
-            files = self._files(latest)
+            files = self.reader.files(latest)
             removed = [f for f in files if not where or file_may_match(f.row, where)]
             kept: list[pa.Table] = []
             if where:
@@ -716,24 +520,13 @@ class DeltaRsWarehouse(Warehouse):
                 removed = hit
             survivors = pa.concat_tables(kept) if kept else None
             extra = self._stage_arrow(name, survivors, latest) if survivors is not None else None
-            adds = list(staged.adds) + (extra.adds if extra else [])
-            if not removed and not adds:
-                return False
-            now = int(time.time() * 1000)
-            removes = [RemoveAction(f.path, True, now, size=f.size) for f in removed]
-            try:
-                self._commit(name, latest, [*removes, *adds], guard=True, operation=operation)
-            except BaseException:
-                if extra:
-                    extra.discard()
-                raise
-            return True
+            return self._commit_replacing(name, latest, removed, staged.adds, extra, operation)
 
         self._run_rewrite(name, staged, attempt)
 
     def insert_absent_arrow(self, name: str, rows: pa.Table, keys: Sequence[str]) -> None:
         snapshot = self._open_for_write(name)
-        key_list = check_merge_keys(keys, _stored_schema(snapshot), name)
+        key_list = check_merge_keys(keys, stored_schema(snapshot), name)
 
         def attempt() -> bool:
             latest = self._open_for_write(name)
@@ -756,29 +549,10 @@ class DeltaRsWarehouse(Warehouse):
         self.read(name).createOrReplaceTempView(name)
 
     # ---- internals: snapshots ----
-    def _open(self, name: str, version: int | None = None) -> DeltaTable:
-        """The table's latest snapshot, or the snapshot at ``version``."""
-        path = self.path_of(name)
-        if not DeltaTable.is_deltatable(path):
-            raise TableNotFoundError(
-                f"table {name} does not exist at {path}; create it first (rebalancer init, or Warehouse.create_tables)."
-            )
-        try:
-            return DeltaTable(path, version=version)
-        except DeltaTableNotFoundError as exc:
-            raise TableNotFoundError(f"table {name} does not exist at {path}; create it first.") from exc
-        except DeltaError as exc:
-            if version is None:
-                raise StorageError(f"could not open table {name} at {path}: {exc}") from exc
-            latest = DeltaTable(path).version()
-            raise VersionNotFoundError(
-                f"table {name} has no version {version}; its latest version is {latest}."
-            ) from exc
-
     def _open_for_write(self, name: str) -> DeltaTable:
         """The latest snapshot, refused when committing Spark's plain parquet files would bypass a table feature."""
-        snapshot = self._open(name)
-        _check_readable(snapshot, name)
+        snapshot = self.reader.open(name)
+        check_readable(snapshot, name)
         protocol = snapshot.protocol()
         features = set(protocol.writer_features or [])
         if protocol.min_writer_version > 2 and not (
@@ -796,45 +570,13 @@ class DeltaRsWarehouse(Warehouse):
             )
         return snapshot
 
-    def _files(self, snapshot: DeltaTable) -> list[_File]:
-        """Every data file of a snapshot with its add-action statistics (read from the log, not the files)."""
-        # get_add_actions reads only the Delta log; pa.table() converts the arro3 table through the C data interface.
-        actions = pa.table(snapshot.get_add_actions(flatten=True)).to_pylist()
-        table_dir = snapshot.table_uri
-        root = _spark_path_to_local(table_dir)
-        return [
-            _File(
-                path=row["path"],
-                local=os.path.normpath(os.path.join(root, unquote(row["path"]))),
-                size=int(row["size_bytes"]),
-                row=row,
-            )
-            for row in actions
-        ]
-
-    # ---- internals: reading ----
-    def _read_snapshot(self, snapshot: DeltaTable) -> DataFrame:
-        _check_readable(snapshot, _table_name(snapshot))
-        return self._read_files(_stored_schema(snapshot), snapshot.file_uris(), base=snapshot.table_uri)
-
-    def _read_files(self, schema: StructType, paths: Sequence[str], base: str | None = None) -> DataFrame:
-        """Exactly these parquet files, with an explicit schema (an empty list gives an empty DataFrame)."""
-        if not paths:
-            # A plan with no rows built in the JVM: createDataFrame([]) would start Python workers for nothing.
-            return self.spark.range(0).select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields])
-        reader = self.spark.read.schema(schema)
-        if base is not None:
-            # basePath keeps partition columns of partitioned tables written by other tools.
-            reader = reader.option("basePath", _spark_path_to_local(base))
-        return reader.parquet(*paths)
-
-    def _files_matching(self, snapshot: DeltaTable, files: list[_File], predicate: Column) -> list[_File]:
+    def _files_matching(self, snapshot: DeltaTable, files: list[DataFile], predicate: Column) -> list[DataFile]:
         """The files holding at least one row that satisfies ``predicate`` (one Spark job over those files)."""
         if not files:
             return []
-        scan = self._read_files(_stored_schema(snapshot), [f.local for f in files], base=snapshot.table_uri)
+        scan = self.reader.read_files(stored_schema(snapshot), [f.local for f in files], base=snapshot.table_uri)
         hits = {
-            _spark_path_to_local(row[0])
+            spark_path_to_local(row[0])
             for row in scan.select(F.col("_metadata.file_path").alias("_rb_file"), "*")
             .filter(predicate)
             .select("_rb_file")
@@ -844,14 +586,14 @@ class DeltaRsWarehouse(Warehouse):
         return [f for f in files if f.local in hits]
 
     def _files_joining(
-        self, snapshot: DeltaTable, files: list[_File], source_keys: DataFrame, keys: list[str]
-    ) -> list[_File]:
+        self, snapshot: DeltaTable, files: list[DataFile], source_keys: DataFrame, keys: list[str]
+    ) -> list[DataFile]:
         """The files holding at least one row whose key occurs in ``source_keys``."""
         if not files:
             return []
-        scan = self._read_files(_stored_schema(snapshot), [f.local for f in files], base=snapshot.table_uri)
+        scan = self.reader.read_files(stored_schema(snapshot), [f.local for f in files], base=snapshot.table_uri)
         hits = {
-            _spark_path_to_local(row[0])
+            spark_path_to_local(row[0])
             for row in scan.select(F.col("_metadata.file_path").alias("_rb_file"), *keys)
             .join(source_keys, on=keys, how="left_semi")
             .select("_rb_file")
@@ -883,9 +625,9 @@ class DeltaRsWarehouse(Warehouse):
                     f"replace_where on {name} was given rows outside {where_sql(where or {})}; filter the "
                     f"DataFrame to those rows or widen the where."
                 ) from None
-            if _NULL_MARKER in text:
+            if NULL_MARKER in text:
                 raise SchemaMismatchError(
-                    f"a null was written to a NOT NULL column of {name} ({_marker_detail(text, _NULL_MARKER)}); "
+                    f"a null was written to a NOT NULL column of {name} ({_marker_detail(text, NULL_MARKER)}); "
                     f"fill or filter those rows first."
                 ) from None
             raise
@@ -898,17 +640,7 @@ class DeltaRsWarehouse(Warehouse):
             if metadata.num_rows == 0:
                 os.remove(entry.path)  # Spark writes one empty file for an empty DataFrame; Delta needs none
                 continue
-            info = entry.stat()
-            staged.adds.append(
-                AddAction(
-                    path=f"{relative}/{entry.name}",
-                    size=info.st_size,
-                    partition_values={},
-                    modification_time=int(info.st_mtime * 1000),
-                    data_change=True,
-                    stats=json.dumps(file_stats(metadata, schema), separators=(",", ":")),
-                )
-            )
+            staged.adds.append(_add_action(f"{relative}/{entry.name}", entry.path, metadata, schema))
         return staged
 
     def _stage_arrow(self, name: str, rows: pa.Table, snapshot: DeltaTable) -> _Staged:
@@ -917,8 +649,8 @@ class DeltaRsWarehouse(Warehouse):
         staged = _Staged(directory=os.path.join(self.path_of(name), relative))
         if rows.num_rows == 0:
             return staged
-        stored = _stored_schema(snapshot)
-        table = _fit_arrow(rows, stored, name, _optional_columns(name, snapshot))
+        stored = stored_schema(snapshot)
+        table = fit_arrow(rows, stored, name, optional_columns(name, stored))
         os.makedirs(staged.directory)
         file_name = f"part-00000-{uuid.uuid4()}.c000.snappy.parquet"
         local = os.path.join(staged.directory, file_name)
@@ -928,21 +660,11 @@ class DeltaRsWarehouse(Warehouse):
         except BaseException:
             staged.discard()
             raise
-        info = os.stat(local)
-        staged.adds.append(
-            AddAction(
-                path=f"{relative}/{file_name}",
-                size=info.st_size,
-                partition_values={},
-                modification_time=int(info.st_mtime * 1000),
-                data_change=True,
-                stats=json.dumps(file_stats(metadata, stored), separators=(",", ":")),
-            )
-        )
+        staged.adds.append(_add_action(f"{relative}/{file_name}", local, metadata, stored))
         return staged
 
-    def _arrow_file(self, f: _File, snapshot: DeltaTable) -> pa.Table:
-        schema = to_arrow_schema(_stored_schema(snapshot), timezone="UTC")
+    def _arrow_file(self, f: DataFile, snapshot: DeltaTable) -> pa.Table:
+        schema = to_arrow_schema(stored_schema(snapshot), timezone="UTC")
         return ds.dataset([f.local], schema=schema, format="parquet", filesystem=pafs.LocalFileSystem()).to_table()
 
     def _commit_rewrite(
@@ -950,7 +672,7 @@ class DeltaRsWarehouse(Warehouse):
         name: str,
         snapshot: DeltaTable,
         *,
-        removed: list[_File],
+        removed: list[DataFile],
         added: list[AddAction],
         survivors: Callable[[DataFrame], DataFrame] | None = None,
         operation: str,
@@ -974,9 +696,18 @@ class DeltaRsWarehouse(Warehouse):
         """
         kept: _Staged | None = None
         if removed and survivors is not None:
-            stored = _stored_schema(snapshot)
-            old_rows = self._read_files(stored, [f.local for f in removed], base=snapshot.table_uri)
+            stored = stored_schema(snapshot)
+            old_rows = self.reader.read_files(stored, [f.local for f in removed], base=snapshot.table_uri)
             kept = self._stage(name, _in_order(survivors(old_rows), stored))
+        return self._commit_replacing(name, snapshot, removed, added, kept, operation)
+
+    def _commit_replacing(
+        self, name: str, snapshot: DeltaTable, removed: list[DataFile], added: list[AddAction], kept: _Staged | None,
+        operation: str,
+    ) -> bool:
+        """Commit against ``snapshot``, as a rewrite: remove ``removed``, add ``added`` and ``kept`` (the surviving
+        rows of the removed files, staged); ``kept``'s files are deleted unless the commit took them. Returns
+        whether a commit was made (False when there was nothing to remove or add)."""
         now = int(time.time() * 1000)
         removes = [RemoveAction(f.path, True, now, size=f.size) for f in removed]
         adds = list(added) + (kept.adds if kept else [])
@@ -993,6 +724,22 @@ class DeltaRsWarehouse(Warehouse):
         if kept and not kept.adds:
             kept.discard()
         return True
+
+    def _commit_append(self, name: str, staged: _Staged) -> None:
+        """Commit ``staged`` as an append, with conflict retries; delete its files if no commit took them."""
+
+        def attempt() -> None:
+            # Appends never need re-planning: delta-rs rebases them over concurrent commits by itself, and a
+            # CommitFailedError (for example a concurrent metadata change) leaves these files uncommitted.
+            latest = self._open_for_write(name)
+            self._commit(name, latest, list(staged.adds), guard=False, operation="append")
+
+        try:
+            retry_on_conflict(attempt, table=name, retries=self.commit_retries, is_conflict=_is_conflict)
+        except BaseException:
+            staged.discard()
+            raise
+        self._refresh_view(name)
 
     def _run_rewrite(self, name: str, staged: _Staged, attempt: Callable[[], bool]) -> None:
         """Run ``attempt`` with conflict retries; delete the staged files unless a commit took them.
@@ -1051,71 +798,22 @@ def _matches(rows: pa.Table, where: Mapping[str, WhereValue]) -> pa.ChunkedArray
     return result
 
 
-def _arrow_where(where: Mapping[str, WhereValue]) -> ds.Expression:
-    expression: ds.Expression | None = None
-    for key, value in where.items():
-        term = ds.field(key).is_null() if value is None else (ds.field(key) == value)
-        expression = term if expression is None else (expression & term)
-    assert expression is not None
-    return expression
-
-
-def _fit_arrow(rows: pa.Table, stored: StructType, name: str, optional: set[str]) -> pa.Table:
-    """``rows`` with exactly the stored columns, in order, cast to their Arrow types (safe casts only)."""
-    schema = to_arrow_schema(stored, timezone="UTC")
-    columns = []
-    for field_ in schema:
-        if field_.name in rows.column_names:
-            column = rows.column(field_.name)
-            try:
-                columns.append(column.cast(field_.type, safe=True) if column.type != field_.type else column)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise SchemaMismatchError(
-                    f"cannot write to {name}: column {field_.name} is {column.type}, not {field_.type} ({exc})"
-                ) from None
-        elif field_.name in optional:
-            columns.append(pa.nulls(rows.num_rows, field_.type))
-        else:
-            raise SchemaMismatchError(f"cannot write to {name}: column {field_.name} ({field_.type}) is missing")
-    return pa.Table.from_arrays(columns, schema=schema)
+def _add_action(path: str, local: str, metadata: pq.FileMetaData, schema: StructType) -> AddAction:
+    """The add action that commits the parquet file at ``local`` as ``path`` (relative to its table directory), with
+    its size and time from the file system and its statistics from its footer (:func:`file_stats`)."""
+    info = os.stat(local)
+    return AddAction(
+        path=path,
+        size=info.st_size,
+        partition_values={},
+        modification_time=int(info.st_mtime * 1000),
+        data_change=True,
+        stats=json.dumps(file_stats(metadata, schema), separators=(",", ":")),
+    )
 
 
 def _is_conflict(exc: BaseException) -> bool:
     return isinstance(exc, CommitFailedError)
-
-
-def _stored_schema(snapshot: DeltaTable) -> StructType:
-    """The table schema as Spark types (Delta's schema JSON is Spark's StructType JSON)."""
-    return StructType.fromJson(json.loads(snapshot.schema().to_json()))
-
-
-def _table_name(snapshot: DeltaTable) -> str:
-    return os.path.basename(os.path.normpath(_spark_path_to_local(snapshot.table_uri)))
-
-
-def _optional_columns(name: str, snapshot: DeltaTable) -> set[str]:
-    """Stored columns a write may omit: the extra columns of a contract table (written as nulls)."""
-    declared = tables.SCHEMAS.get(name)
-    if declared is None:
-        return set()
-    return set(_stored_schema(snapshot).names) - set(declared.names)
-
-
-def _check_readable(snapshot: DeltaTable, name: str) -> None:
-    """Refuse tables whose rows are not exactly the rows of their parquet files."""
-    protocol = snapshot.protocol()
-    features = set(protocol.reader_features or [])
-    mapping = snapshot.metadata().configuration.get("delta.columnMapping.mode", "none")
-    if "deletionVectors" in features:
-        raise UnsupportedTableError(
-            f"table {name} has deletion vectors enabled, which the delta-rs engine would read as deleted rows "
-            f"still present; read it with storage.engine = 'delta-spark', or rewrite it without deletion vectors."
-        )
-    if "columnMapping" in features or mapping not in ("none", None):
-        raise UnsupportedTableError(
-            f"table {name} uses column mapping, whose parquet column names the delta-rs engine does not translate; "
-            f"use storage.engine = 'delta-spark', or rewrite it without column mapping."
-        )
 
 
 # replace_where_many stages tables in one shared Spark job below this many rows, with one job per table above.

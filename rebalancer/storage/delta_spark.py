@@ -8,7 +8,8 @@ Every write is one Delta commit made by Delta itself: ``append``; ``replace_wher
 ``replaceWhere`` option (atomic, and Delta checks that every new row satisfies the predicate), or, on a warehouse in
 a local directory whose log shows no row of the ``where`` yet, as a guarded append (two Spark jobs instead of four;
 see ``_commit_guarded``); ``merge`` as SQL ``MERGE INTO`` (when matched update all, when not matched insert all).
-On a local directory delta-rs reads the log on the driver: table versions, file lists for reads, small tables.
+On a local directory the driver reader (:class:`~rebalancer.storage.driver_reader.DriverReader`, delta-rs) reads
+the log on the driver: table versions, file lists for reads, small tables.
 Delta raises its ``ConcurrentModificationException`` family when a commit loses a race; the write is then re-run
 from the start, up to ``storage.commit_retries`` times. Tables are created at protocol 1/2 and without deletion
 vectors (by delta-rs on the driver in a local directory, else by ``CREATE TABLE ... USING DELTA``), so the same
@@ -40,31 +41,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 from rebalancer import tables
-from rebalancer.storage.base import (
-    COMMIT_COLUMN,
-    TABLE_PROPERTIES,
-    WHERE_MARKER,
-    TableChanges,
-    Warehouse,
-    WhereValue,
-    absent_rows,
-    check_contract_name,
-    check_merge_keys,
-    check_table_name,
-    check_unique_keys,
-    conform,
-    files_added_by_commit,
-    guard_where,
-    local_directory,
-    merge_condition,
-    project_declared,
-    quote_identifier,
-    retry_on_conflict,
-    sql_literal,
-    transaction_app,
-    where_predicate,
-    where_sql,
-)
+from rebalancer.config import DELTA_SPARK
+from rebalancer.storage.base import COMMIT_COLUMN, TABLE_PROPERTIES, TableChanges, Warehouse
+from rebalancer.storage.commits import retry_on_conflict, transaction_app
+from rebalancer.storage.delta_log import files_added_by_commit, local_directory
 from rebalancer.storage.errors import (
     DuplicateKeyError,
     TableNotFoundError,
@@ -72,9 +52,27 @@ from rebalancer.storage.errors import (
     VersionNotFoundError,
     WhereMismatchError,
 )
+from rebalancer.storage.keys import (
+    absent_rows,
+    check_contract_name,
+    check_merge_keys,
+    check_table_name,
+    check_unique_keys,
+)
+from rebalancer.storage.schemas import conform, optional_columns, project_declared
+from rebalancer.storage.sql import (
+    WHERE_MARKER,
+    WhereValue,
+    guard_where,
+    merge_condition,
+    quote_identifier,
+    sql_literal,
+    where_predicate,
+    where_sql,
+)
 
-if TYPE_CHECKING:
-    from rebalancer.storage.delta_rs import DeltaRsWarehouse
+if TYPE_CHECKING:  # imported when first used: deltalake loads only for a warehouse in a local directory
+    from rebalancer.storage.driver_reader import DriverReader
 
 T = TypeVar("T")
 
@@ -242,7 +240,7 @@ class DeltaSparkWarehouse(Warehouse):
             delta-rs (False: everything through Delta, as for catalog tables and remote storage).
     """
 
-    engine = "delta-spark"
+    engine = DELTA_SPARK
 
     def __init__(
         self,
@@ -326,7 +324,7 @@ class DeltaSparkWarehouse(Warehouse):
         return created
 
     @functools.cached_property
-    def _driver_reader(self) -> DeltaRsWarehouse | None:
+    def _driver_reader(self) -> DriverReader | None:
         """A warehouse in a local directory: small reads on the driver by delta-rs, from the same files and log
         (no Spark job; Delta would run a few per read: its snapshot, its file filter, a history scan). Writes stay
         with Delta. None for catalog tables and remote storage, which Delta reads, and when switched off
@@ -334,9 +332,9 @@ class DeltaSparkWarehouse(Warehouse):
         directory = self._local_directory()
         if directory is None:
             return None
-        from rebalancer.storage.delta_rs import DeltaRsWarehouse
+        from rebalancer.storage.driver_reader import DriverReader
 
-        return DeltaRsWarehouse(self.spark, directory, commit_retries=self.commit_retries)
+        return DriverReader(self.spark, directory)
 
     @functools.cached_property
     def _small_session(self) -> SparkSession:
@@ -379,7 +377,7 @@ class DeltaSparkWarehouse(Warehouse):
             return None
         return local_directory(self.root)
 
-    def _on_driver(self, call: Callable[[DeltaRsWarehouse], T]) -> T | None:
+    def _on_driver(self, call: Callable[[DriverReader], T]) -> T | None:
         """``call`` on the driver reader; None without one, or when delta-rs cannot read the table (deletion
         vectors, column mapping), which Delta then reads."""
         if self._driver_reader is None:
@@ -463,6 +461,7 @@ class DeltaSparkWarehouse(Warehouse):
     def changes_arrow(
         self, name: str, since: int | None, max_rows: int | None = None
     ) -> tuple[pa.Table | None, int]:
+        # None also when the log cannot tell (a table rewritten since): the base class compares contents
         on_driver = self._on_driver(lambda d: d.changes_arrow(name, since, max_rows))
         return on_driver if on_driver is not None else super().changes_arrow(name, since, max_rows)
 
@@ -494,9 +493,7 @@ class DeltaSparkWarehouse(Warehouse):
 
     def _stored(self, name: str) -> tuple[StructType, set[str]]:
         stored = self.read_raw(name).schema
-        declared = tables.SCHEMAS.get(name)
-        optional = set(stored.names) - set(declared.names) if declared is not None else set()
-        return stored, optional
+        return stored, optional_columns(name, stored)
 
     def _committing(self, name: str) -> None:
         """A commit to ``name`` starts: too late to prepare it (commits_ahead); it computes the state, or waits for

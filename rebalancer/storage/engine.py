@@ -11,7 +11,7 @@ import uuid
 
 from pyspark.sql import SparkSession
 
-from rebalancer.config import StorageSettings
+from rebalancer.config import AUTO_ENGINE, DELTA_RS, DELTA_SPARK, StorageSettings
 from rebalancer.delta_jars import DELTA_ARTIFACT, jars
 from rebalancer.storage.errors import EngineUnavailableError
 
@@ -92,17 +92,17 @@ def resolve_engine(spark: SparkSession, settings: StorageSettings) -> str:
         EngineUnavailableError: delta-spark is required (explicitly, or by a catalog prefix) but the Delta classes
             are not in the session.
     """
-    if settings.engine == "delta-rs":
+    if settings.engine == DELTA_RS:
         if settings.catalog_prefix:
             raise EngineUnavailableError(
                 f"storage.catalog_prefix = '{settings.catalog_prefix}' names Unity Catalog tables, which only the "
                 f"delta-spark engine can write; set storage.engine = 'auto' or 'delta-spark', or clear the prefix."
             )
-        return "delta-rs"
+        return DELTA_RS
     available = delta_classes_available(spark)
     if available:
-        return "delta-spark"
-    if settings.engine == "delta-spark":
+        return DELTA_SPARK
+    if settings.engine == DELTA_SPARK:
         raise EngineUnavailableError(
             f"storage.engine = 'delta-spark' but {DELTA_CLASS} is not in this Spark session; start it with "
             f"`{install_hint()}` (or the same settings in your cluster configuration; sessions rebalancer builds "
@@ -114,7 +114,7 @@ def resolve_engine(spark: SparkSession, settings: StorageSettings) -> str:
             f"is not in this Spark session; start it with `{install_hint()}`, or clear the prefix to use a local "
             f"warehouse directory."
         )
-    return "delta-rs"
+    return DELTA_RS
 
 
 def engine_reason(settings: StorageSettings, engine: str) -> str:
@@ -124,9 +124,9 @@ def engine_reason(settings: StorageSettings, engine: str) -> str:
         settings: the storage settings the warehouse was opened with.
         engine: the engine :func:`resolve_engine` chose.
     """
-    if settings.engine != "auto":
+    if settings.engine != AUTO_ENGINE:
         return f"storage.engine = '{settings.engine}'"
-    if engine == "delta-spark":
+    if engine == DELTA_SPARK:
         return "storage.engine = 'auto' and the Delta jars are in the Spark session"
     fetched = "" if jars() else " (none were fetched here: `python -m rebalancer.delta_jars` fetches them)"
     return f"storage.engine = 'auto' and the Delta jars are not in the Spark session{fetched}"

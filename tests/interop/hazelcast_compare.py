@@ -28,7 +28,8 @@ from bench.migrations import GROUP, PARTITION_BYTES, Layout, duration_text, kern
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.client.affinity import assign
 from rebalancer.config import MigrationSettings
-from rebalancer.exchange.kernel import GroupSettings, KernelContext, decide
+from rebalancer.exchange.kernel import KernelContext, decide
+from rebalancer.groups import GroupSettings
 from rebalancer.planning.plan import cost_model, finish_plan
 from rebalancer.planning.schedule import PLAN_INPUT_SCHEMA, lower_bound, makespan, schedule
 
@@ -193,8 +194,8 @@ def compare(run: dict[str, Any], cap: int = 10) -> list[dict[str, Any]]:
             "minimum_copies_hazelcast_target": minimum_copies(before, after, set(alive)),
             "minimum_copies_rendezvous_target": minimum_copies(before, ours_ideal, set(alive)),
             "hazelcast_plan": _figures(hz_plan, "hazelcast", cap).__dict__,
-            "ours_same_target": _figures(same_target, "ours", cap).__dict__,
-            "ours_rendezvous_target": _figures(own_target, "ours", cap).__dict__,
+            "ours_same_target": _figures(same_target, "portfolio", cap).__dict__,
+            "ours_rendezvous_target": _figures(own_target, "portfolio", cap).__dict__,
             "cap": cap,
         })
     return out

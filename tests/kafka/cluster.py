@@ -274,8 +274,8 @@ class KafkaCluster:
             node.folder.mkdir(parents=True, exist_ok=True)
             props = node.folder / "server.properties"
             props.write_text(self._properties(node))
-            cmd = ["java", *JVM, "-cp", cp, "kafka.tools.StorageTool", "format", f"--cluster-id={self.cluster_id}", "-c",
-                   str(props), "--ignore-formatted"]
+            cmd = ["java", *JVM, "-cp", cp, "kafka.tools.StorageTool", "format", f"--cluster-id={self.cluster_id}",
+                   "-c", str(props), "--ignore-formatted"]
             procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
         for cmd, proc in procs:
             out, _ = proc.communicate(timeout=120)
