@@ -1,5 +1,5 @@
-"""Every write of one version: the versioned tables, the group stamps computed from the versions written, and last
-the ``exchanges`` row, the moment the version starts to exist for readers.
+"""Every write of one version: the versioned tables, the group stamps from the versions written, and last the
+``exchanges`` row, the moment the version starts to exist for readers.
 
 The versioned tables are independent commits (up to ``storage.concurrent_commits`` at once). A re-run after a
 crash recomputes the same version from the same inputs and replaces the partial rows; of two runs racing for the
@@ -67,8 +67,8 @@ def write_version(rows: Rows[Any], decided: Decided[Any] | None, small_tables: M
     with meter.stage("stamps"):
         parts = []
         if touched:
-            written = rows.to_arrow(tables["partition_versions"], ["group_name", "partition_id", "partition_version"],
-                                    sorted(touched))
+            written = rows.written(tables["partition_versions"], "partition_versions", version,
+                                   ["group_name", "partition_id", "partition_version"], sorted(touched))
             parts.append(stamps_of(written, {g: sizes[g] for g in touched}))
         rest = sorted(set(sizes) - touched)
         if rest and previous.committed is not None:

@@ -51,7 +51,7 @@ from rebalancer.stages.previous import Previous
 from rebalancer.stages.scope import Scope
 from rebalancer.storage import Warehouse
 from rebalancer.storage.sql import sql_literal
-from rebalancer.tables import OUTPUT_TABLES, VERSION_COLUMNS
+from rebalancer.tables import OUTPUT_TABLES, VERSION_COLUMNS, version_where
 from rebalancer.vocabulary import MAX_PARTITIONS, PARTITION_KEY
 
 __all__ = [
@@ -149,8 +149,10 @@ class Rows(KernelRows[Frame]):
         """The client routing maps of the versioned late assignment ``assignment`` of ``groups``."""
 
     @abstractmethod
-    def to_arrow(self, frame: Frame, columns: Sequence[str], groups: Sequence[str]) -> pa.Table:
-        """The rows of ``groups`` of ``frame``, ``columns`` only, on the driver."""
+    def written(self, frame: Frame, name: str, version: tuple[int, int], columns: Sequence[str],
+                groups: Sequence[str]) -> pa.Table:
+        """The rows of ``groups`` of ``frame``, just written to versioned table ``name`` at ``version``,
+        ``columns`` only, on the driver."""
 
     def release(self, decided: Decided[Frame] | None) -> None:
         """Free what :meth:`decide` kept for the writes."""
@@ -284,7 +286,8 @@ class ArrowRows(Rows[pa.Table]):
     def client_affinity(self, assignment: pa.Table, groups: Sequence[GroupSettings]) -> pa.Table:
         return routing.client_affinity_arrow(assignment, groups)
 
-    def to_arrow(self, frame: pa.Table, columns: Sequence[str], groups: Sequence[str]) -> pa.Table:
+    def written(self, frame: pa.Table, name: str, version: tuple[int, int], columns: Sequence[str],
+                groups: Sequence[str]) -> pa.Table:
         return frame.filter(pc.is_in(frame.column("group_name"), pa.array(sorted(groups), pa.string()))) \
             .select(list(columns))
 
@@ -454,7 +457,15 @@ class SparkRows(Rows[DataFrame]):
         digests = routing.routing_digests(assignment).toArrow().to_pylist()
         return routing.client_affinity(assignment, routing.fold(digests, groups))
 
-    def to_arrow(self, frame: DataFrame, columns: Sequence[str], groups: Sequence[str]) -> pa.Table:
+    def written(self, frame: DataFrame, name: str, version: tuple[int, int], columns: Sequence[str],
+                groups: Sequence[str]) -> pa.Table:
+        # Where the warehouse reads on the driver, the rows just committed are read there: no Spark job, where
+        # collecting ``frame`` would be one (it unions the kernel's output with the carried rows).
+        warehouse = self.previous.warehouse
+        if warehouse.reads_on_driver:
+            rows = warehouse.read_arrow(name, where=version_where(version))
+            return rows.filter(pc.is_in(rows.column("group_name"), pa.array(sorted(groups), pa.string()))) \
+                .select(list(columns))
         return frame.where(F.expr(f"group_name IN ({_sql_list(sorted(groups))})")).select(*columns).toArrow()
 
     def release(self, decided: Decided[DataFrame] | None) -> None:
