@@ -74,7 +74,7 @@ class Warehouse(abc.ABC):
     @property
     def reads_on_driver(self) -> bool:
         """Whether :meth:`read_arrow` reads on the driver, without a Spark job (the pipeline then decides small
-        exchanges there: ``pipeline.DRIVER_KERNEL_REPLICAS``)."""
+        exchanges there: ``stages.paths.DRIVER_KERNEL_REPLICAS``)."""
         return False
 
     def __init__(self, spark: SparkSession, *, commit_retries: int = 5, concurrent_commits: int = 1) -> None:
