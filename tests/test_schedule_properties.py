@@ -11,8 +11,10 @@ step order), scheduled under random cost models (caps 1-4, three bandwidths and 
 - ``portfolio`` gives urgent partitions first call on the slots: a non-urgent step never starts while an urgent
   ready step that its start left room for waits.
 
-``SCHEDULE_EXAMPLES`` (default 1,000) sets the examples: all of them for the comparison with the baselines, half
-for plans across priority classes, a quarter for the invariants, a tenth for determinism. More:
+``SCHEDULE_EXAMPLES`` (default 300; 3,000 under the soak profile, ``HYPOTHESIS_PROFILE=soak`` as ``make soak`` sets it)
+sets the examples: all of them for the comparison with the baselines, half for plans across priority classes, a
+quarter for the invariants, a tenth for determinism. Since ``portfolio`` runs CP-SAT on plans of up to 50 steps (up
+to a few tenths of a second each where it cannot prove its schedule optimal), 300 take about 30 s here. More:
 ``SCHEDULE_EXAMPLES=20000 python -m pytest -p no:cacheprovider tests/test_schedule_properties.py``.
 """
 
@@ -30,7 +32,8 @@ from hypothesis import strategies as st
 from bench.plans import random_plan
 from rebalancer.planning.schedule import POLICIES, CostModel, lower_bound, makespan, schedule
 
-EXAMPLES = int(os.environ.get("SCHEDULE_EXAMPLES", "1000"))
+EXAMPLES = int(os.environ.get("SCHEDULE_EXAMPLES",
+                              "3000" if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "soak" else "300"))
 EPS = 1e-6
 
 

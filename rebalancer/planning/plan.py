@@ -20,6 +20,8 @@ steps of a version at once, before the scheduler (:mod:`rebalancer.planning.sche
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,6 +31,8 @@ from rebalancer.planning import schedule as scheduling
 from rebalancer.vocabulary import COPY, ENTRIES, FILES, HISTORICAL
 
 __all__ = ["PLAN_SCHEMA", "cost_model", "finish_plan", "schedule_plan"]
+
+_log = logging.getLogger(__name__)
 
 #: A finished plan: ``migration_plan`` without version columns (``wave`` and times null until scheduled), plus
 #: what the scheduler reads and the table does not keep (``candidates``, ``primary_node``, ``owners``, ``replicas``).
@@ -166,10 +170,16 @@ def schedule_plan(plan: pa.Table, settings: MigrationSettings, policy: str = "po
 
     Returns:
         The plan with sources chosen and ``wave``, ``est_start_s``, ``est_end_s`` set, and the lower bound of its
-        makespan (0.0 for an empty plan).
+        makespan (0.0 for an empty plan). How it was scheduled (the winning candidate, the seconds in CP-SAT for a
+        small plan: :class:`rebalancer.planning.schedule.ScheduleStats`) is logged at INFO.
     """
     if plan.num_rows == 0:
         return plan, 0.0
     model = cost_model(settings)
-    scheduled = scheduling.schedule(plan, model, policy)
-    return scheduled.select(PLAN_SCHEMA.names).cast(PLAN_SCHEMA), scheduling.lower_bound(scheduled, model)
+    scheduled, stats = scheduling.schedule_with_stats(plan, model, policy)
+    bound = scheduling.lower_bound(scheduled, model)
+    _log.info("scheduled %d steps by %s (%s): makespan %.3f s, bound %.3f s; greedy %.3f s%s", plan.num_rows,
+              stats.policy, stats.chosen, stats.makespan_s, bound, stats.greedy_makespan_s,
+              f"; CP-SAT {stats.solver_status} in {stats.solver_seconds:.2f} s ({stats.solver_deterministic_time:.2f}"
+              " deterministic)" if stats.solver_status else "")
+    return scheduled.select(PLAN_SCHEMA.names).cast(PLAN_SCHEMA), bound

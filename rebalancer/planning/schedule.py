@@ -45,10 +45,11 @@ Policies (:data:`POLICIES`)
     slots in a priority order and each one that fits starts.
 
     ``portfolio``
-        The shortest of three list schedules (the first on a tie), each simulated in full; one is abandoned as
-        soon as it runs past the shortest so far. All three put first the partitions SPEC 4 sends first
-        (*urgent*: ``owners < replicas`` or ``owners <= 1``), so at every instant the urgent ready steps are
-        offered the free slots before any other: no other step takes a slot an urgent ready step could use.
+        The shortest of its list schedules (the first on a tie), each simulated in full; one is abandoned as soon
+        as it runs past the shortest so far; then, on small plans, the exact pass (below). All candidates put first
+        the partitions SPEC 4 sends first (*urgent*: ``owners < replicas`` or ``owners <= 1``), so at every instant
+        the urgent ready steps are offered the free slots before any other: no other step takes a slot an urgent
+        ready step could use. In the order they run:
 
         1. *balanced*: priority (1) urgent first; (2) fewer ``owners``; (3) steps without a transfer (PROMOTE,
            DROP) before COPYs; (4) least *slack*; (5) ``(group_name, partition_id, step)``. A node's work is
@@ -63,14 +64,24 @@ Policies (:data:`POLICIES`)
            drop many copies, such as a leaving one, from being every partition's supplier), then the fewest
            running COPYs sending from it, then the fewest bytes assigned, then ``node_id``. Direction-aware
            admission.
-        2. *bottleneck*: slots only: urgent first, fewer owners, steps without a transfer first, then the larger
+        2. *filling* (plans under ``MORE_CANDIDATES_BELOW_STEPS`` steps, as 3 and 4): *balanced* with every
+           direction of every node admitting COPYs until their stream rates reach ``bw`` (7 entry transfers at
+           the defaults, where *balanced* stops slot-bound nodes at 6 and does not limit the others): a receiver
+           whose slots are also wanted by its own sends then fills its link.
+        3. *spread*: *balanced*'s order with every COPY's source fixed in advance by the linear program of
+           :mod:`rebalancer.planning.sources` (each pool's COPYs split over its members so that the busiest node's
+           slot and send time is least), admission as *filling*. A node that is a candidate for many COPYs but
+           must also receive (its slots are wanted for both) sends only its share, and a COPY waits for its own
+           source rather than taking whichever candidate is open first.
+        4. *spread bottleneck*: the sources of *spread* in the *bottleneck* order (5), admission as *filling*.
+        5. *bottleneck*: slots only: urgent first, fewer owners, steps without a transfer first, then the larger
            *bottleneck load* (a node's load is the solo time of the steps it must host plus an even share of the
            COPYs it may send; a step's, the largest over its nodes, a COPY's source side at its least loaded
-           candidate), then the longer solo time, then plan order; the same source choice. As a candidate it
-           makes ``portfolio`` never longer than this order alone, a simpler scheduler that beats *balanced* on
-           random plans whose nodes both send and receive at random, where direction limits can starve a node
-           whose transfers are slowed at their other end.
-        3. *ordered*: urgent first, then ``(group_name, partition_id, step)``; a COPY reads from ``hazelcast``'s
+           candidate), then the longer solo time, then plan order; the same source choice as *balanced*. As a
+           candidate it makes ``portfolio`` never longer than this order alone, a simpler scheduler that beats
+           *balanced* on random plans whose nodes both send and receive at random, where direction limits can
+           starve a node whose transfers are slowed at their other end.
+        6. *ordered*: urgent first, then ``(group_name, partition_id, step)``; a COPY reads from ``hazelcast``'s
            source when that is one of its candidates, else from its first open candidate; slots only. When the
            partitions are in one priority class and every COPY's ``hazelcast`` source is one of its candidates
            (plans of the planner with FULL rebalances: the serving primary owns), this *is* the ``hazelcast``
@@ -84,7 +95,22 @@ Policies (:data:`POLICIES`)
         bound after the XL / XXL failures. Ranking by the static bottleneck load (its fourth) exhausted the
         work of the most loaded node's pairs first and left idle nodes at the end at cap 1 (26% over on M).
         Admitting by slots only let one direction fill a node's slots (cap 20, 19% over) and slowed transfers
-        below their stream rate where slots were scarce (cap 10, 4.5%).
+        below their stream rate where slots were scarce (cap 10, 4.5%). What 2-4 are for: every single failure of
+        the suite's L cluster (docs/PLANNING.md, "Every failure"), where the lost copies' candidates are also
+        receivers and one node may be a candidate for three lost partitions: *balanced* alone was up to 19.5% over
+        the bound there (median 3.0%).
+
+        *Exact pass.* On a plan of at most ``SOLVE_UP_TO_STEPS`` steps, in one priority class, whose shortest list
+        schedule is longer than :func:`lower_bound`, CP-SAT (:mod:`rebalancer.planning.optimum`) searches for a
+        shorter schedule, starting from that one: one worker, seed 0, ``SOLVER_DETERMINISTIC_TIME`` of deterministic
+        time, time counted in units of the greedy makespan / (``SOLVER_RESOLUTION`` * the longest queue a slot may
+        have), its solution's grid gaps closed afterwards (:func:`rebalancer.planning.optimum.compact`). Its schedule
+        replaces the greedy one only when strictly shorter, so ``portfolio`` keeps every promise above. It keeps
+        every transfer at its stream rate (at most ``floor(bw / stream)`` per node and direction where the cap
+        allows more), so its times are the cost model's. Same plan, same schedule, on any machine with the same
+        ortools (the solver is deterministic, and the plan is solved in ``(group_name, partition_id, step)``
+        order). Across priority classes it does not run: its optimum ignores urgency. :func:`schedule_with_stats`
+        reports its status and seconds.
     ``hazelcast``
         Hazelcast's migration scheduler as a baseline: a COPY always reads from ``primary_node`` (``source_node``
         when null), whatever the candidates; first-fit in ``(group_name, partition_id, step)`` order; slots only;
@@ -124,11 +150,17 @@ Lower bound (:func:`lower_bound`, :func:`lower_bound_terms`)
         touches U, and at most ``j * cap`` steps touch U at once, so
         ``T >= (all solo time - one-node time in S) / ((k * cap - 1) / 2 + j * cap)``.
     (e) chain: a partition's steps run one after the other: ``T >= head + solo + tail`` of any step.
+    (f) balance: (b) and (c) for every node at once, each COPY's source side split over its pool in the shares a
+        linear program picks to make the largest node's time least (:mod:`rebalancer.planning.sources`, with its
+        proof): any schedule's sources are one such split. It is (b) and (c) with the best sets and splits, where
+        the rankings above see prefixes only (the L failure of node85: 5.884 s against 5.798 s). Plans with more
+        than ``sources.MAX_POOLS`` distinct pools go without it.
 
     The sets S are the first k nodes of rankings by the work that must be done there (for (b) by bytes, for (c)
     and (d) by slot time, each with and without an even share of the flexible sources), and for (d)'s second
     form S is every node but the j with the most one-node step time. The bound is the largest term; the
-    property tests check that it never exceeds the makespan of any policy on thousands of random plans.
+    property tests check that it never exceeds the makespan of any policy on thousands of random plans, nor
+    CP-SAT's proven optimum (tests/test_schedule_optimum.py).
 
 Implementation
     The event loop is :mod:`rebalancer.planning.event_loop` (run as Python for small plans, compiled by numba for
@@ -148,6 +180,7 @@ Implementation
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -155,7 +188,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rebalancer.planning import event_loop
+from rebalancer.planning import event_loop, sources
+from rebalancer.planning import optimum as cpsat
 from rebalancer.planning.event_loop import A_COPY, A_DROP, A_PROMOTE
 from rebalancer.vocabulary import COPY, DROP, ENTRIES, FILES, PROMOTE
 
@@ -165,15 +199,35 @@ __all__ = [
     "SCHEDULED_SCHEMA",
     "BoundTerms",
     "CostModel",
+    "Optimum",
     "ScheduleInputError",
+    "ScheduleStats",
     "lower_bound",
     "lower_bound_terms",
     "makespan",
+    "optimum",
     "plan_fields",
     "schedule",
+    "schedule_with_stats",
 ]
 
 POLICIES = ("portfolio", "hazelcast", "serial")
+
+SOLVE_UP_TO_STEPS = 50
+"""``portfolio`` runs CP-SAT from its greedy schedule on plans of at most this many steps (module docstring, "Exact
+pass"). Measured by ``bench/exact_pass.py`` (docs/PLANNING.md, "Near the optimum"): up to 50 steps it shortened half
+the plans it ran on, by 3.6-7.4% (medians), in 0.05-0.35 s (medians); from 76 to 100 steps one in seven, by 0.5%, in
+0.7 s."""
+SOLVER_DETERMINISTIC_TIME = 0.02
+"""CP-SAT's deterministic time limit in ``portfolio``'s exact pass. Its work count underrates the cumulative
+constraints of this model: 0.1 of it took 1.5-3 s of wall time on a 61-step plan here."""
+SOLVER_RESOLUTION = 50
+"""The exact pass counts time in units of the greedy makespan / (this * the longest queue of a slot): coarser units let
+CP-SAT prove more in its time, and rounding every step up to a unit delays a queue's last by one unit per step."""
+
+MORE_CANDIDATES_BELOW_STEPS = 200_000
+"""``portfolio`` runs its candidates *filling*, *spread* and *spread bottleneck* on plans with fewer steps than this (a
+plan of a million steps would spend seconds on each; every suite plan has a few thousand)."""
 
 PLAN_INPUT_SCHEMA = pa.schema(
     [
@@ -254,11 +308,12 @@ class CostModel:
 
 @dataclass
 class _Plan:
-    """A validated plan decoded into arrays indexed by input row (node ids as indices into ``nodes``)."""
+    """A validated plan decoded into arrays indexed by row in ``(group_name, partition_id, step)`` order (``rows``:
+    the plan's row of each), node ids as indices into ``nodes``."""
 
     n: int
     nodes: list[str]
-    order: np.ndarray  # row indices in (group_name, partition_id, step) order
+    order: np.ndarray  # row indices in (group_name, partition_id, step) order: 0..n-1
     action: np.ndarray  # int8 action code
     src: np.ndarray  # int64 node index
     tgt: np.ndarray  # int64 node index, -1 when null
@@ -270,6 +325,9 @@ class _Plan:
     owners: np.ndarray  # int64
     replicas: np.ndarray  # int64
     nxt: np.ndarray  # int64 row of the next step of the partition, -1 for the last
+    part: np.ndarray  # int64 dense code of (group_name, partition_id)
+    step: np.ndarray  # int64 step number
+    rows: np.ndarray  # int64 the plan's row of each row here (rows here are in (group_name, partition_id, step) order)
 
 
 @dataclass(frozen=True)
@@ -289,16 +347,44 @@ class _Candidate:
     pool_start: np.ndarray
     work: np.ndarray | None = None
     limits: np.ndarray | None = None
+    name: str = ""
 
 
 @dataclass(frozen=True)
 class _Timetable:
-    """A simulated schedule: per row its start, end and the node it read from; and its makespan."""
+    """A schedule: per row its start, end and the node it read from; its makespan; what made it."""
 
     start: np.ndarray
     end: np.ndarray
     chosen: np.ndarray
     makespan: float
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class ScheduleStats:
+    """How :func:`schedule_with_stats` scheduled a plan.
+
+    Attributes:
+        policy: the policy.
+        makespan_s: the schedule's makespan.
+        chosen: what made it: ``portfolio``'s candidate (``balanced``, ``filling``, ``spread``, ``spread
+            bottleneck``, ``bottleneck``, ``ordered``) or ``solver``; the policy's name otherwise.
+        greedy_makespan_s: ``portfolio``'s shortest list schedule (the makespan without the solver).
+        solver_status: CP-SAT's status when the solver ran (module docstring, "Exact pass"), else None.
+        solver_seconds: wall seconds in the solver (0.0 when it did not run).
+        solver_deterministic_time: CP-SAT's deterministic time spent (its limit: ``SOLVER_DETERMINISTIC_TIME``).
+        solver_makespan_s: the makespan of the solver's schedule (inf when it found none or did not run).
+    """
+
+    policy: str
+    makespan_s: float
+    chosen: str
+    greedy_makespan_s: float
+    solver_status: str | None = None
+    solver_seconds: float = 0.0
+    solver_deterministic_time: float = 0.0
+    solver_makespan_s: float = math.inf
 
 
 def schedule(plan: pa.Table, model: CostModel, policy: str = "portfolio") -> pa.Table:
@@ -320,19 +406,173 @@ def schedule(plan: pa.Table, model: CostModel, policy: str = "portfolio") -> pa.
             or the rows break the input contract (null keys, unknown action, gaps in ``step``, a COPY with no
             usable source, ...). The message lists what was expected and what arrived.
     """
+    return schedule_with_stats(plan, model, policy)[0]
+
+
+def schedule_with_stats(plan: pa.Table, model: CostModel, policy: str = "portfolio") -> tuple[pa.Table, ScheduleStats]:
+    """:func:`schedule`, and how it went (:class:`ScheduleStats`: which candidate won, the solver's time)."""
     if policy not in POLICIES:
         raise ScheduleInputError(f"unknown policy {policy!r}; expected one of {list(POLICIES)}")
     if not isinstance(model, CostModel):
         raise ScheduleInputError(f"model: expected a CostModel, got {type(model).__name__}")
     p = _decode(plan, PLAN_INPUT_SCHEMA.names, model)
     solo = _solo_durations(p, model)
+    if policy != "portfolio":
+        run = _run_policy(p, model, solo, policy)
+        return _with_schedule(plan, p, run), ScheduleStats(policy, run.makespan, policy, run.makespan)
+    greedy = _portfolio(p, model, solo)
+    run, stats = _exact_pass(plan, p, model, solo, greedy)
+    return _with_schedule(plan, p, run), stats
+
+
+def _run_policy(p: _Plan, model: CostModel, solo: np.ndarray, policy: str) -> _Timetable:
     if policy == "serial":
-        run = _serial(p, solo)
-    elif policy == "hazelcast":
-        run = _simulate(p, model, _hazelcast(p), solo)
-    else:
-        run = _portfolio(p, model, solo)
-    return _with_schedule(plan, p, run)
+        return _serial(p, solo)
+    if policy == "hazelcast":
+        return _simulate(p, model, _hazelcast(p), solo)
+    return _portfolio(p, model, solo)
+
+
+def _exact_pass(
+    plan: pa.Table, p: _Plan, model: CostModel, solo: np.ndarray, greedy: _Timetable
+) -> tuple[_Timetable, ScheduleStats]:
+    """``portfolio``'s exact pass (module docstring, "Exact pass"): CP-SAT from the greedy schedule on plans of at most
+    ``SOLVE_UP_TO_STEPS`` steps in one priority class whose greedy makespan is above the lower bound; its schedule
+    replaces the greedy one only when strictly shorter."""
+    stats = ScheduleStats("portfolio", greedy.makespan, greedy.name, greedy.makespan)
+    if not 0 < p.n <= SOLVE_UP_TO_STEPS:
+        return greedy, stats
+    urgent = _urgent(p)
+    if urgent.any() and not urgent.all():
+        return greedy, stats
+    bound = lower_bound_terms(plan, model).value
+    if greedy.makespan <= bound * (1 + 1e-9):
+        return greedy, stats
+    found = _solve(p, model, solo, greedy, max_deterministic_time=SOLVER_DETERMINISTIC_TIME, seed=0,
+                   lower_bound_s=bound, unit_s=greedy.makespan / (SOLVER_RESOLUTION * _longest_queue(p, model)),
+                   linearization_level=0)
+    solved = _solved_timetable(found, _problem(p, model, solo))
+    stats = dataclasses.replace(stats, solver_status=found.status, solver_seconds=found.wall_s,
+                                solver_deterministic_time=found.deterministic_time,
+                                solver_makespan_s=solved.makespan if solved is not None else math.inf)
+    if solved is not None and solved.makespan < greedy.makespan * (1 - 1e-9):
+        return solved, dataclasses.replace(stats, makespan_s=solved.makespan, chosen="solver")
+    return greedy, stats
+
+
+@dataclass(frozen=True)
+class Optimum:
+    """What :func:`optimum` found (module :mod:`rebalancer.planning.optimum` has the model).
+
+    Attributes:
+        scheduled: the solver's schedule as :func:`schedule` returns one (None without a solution); its times are
+            the cost model's for its starts and sources (every transfer at its stream rate).
+        makespan_s: its makespan (``inf`` without a solution).
+        bound_s: the solver's lower bound of its own (rounded) model.
+        proven_bound_s: a lower bound of the cost model's optimum; 0.0 unless ``exact``.
+        optimal: the solver proved its schedule optimal in its model; with ``exact``, ``makespan_s`` is then the
+            cost model's optimum up to ``(steps + 1) * unit_s``.
+        exact: the model is the cost model (no transfer can be slowed: ``cap * stream <= bw``).
+        status: CP-SAT's status.
+        seconds: wall seconds in the solver.
+        deterministic_time: CP-SAT's deterministic time spent.
+    """
+
+    scheduled: pa.Table | None
+    makespan_s: float
+    bound_s: float
+    proven_bound_s: float
+    optimal: bool
+    exact: bool
+    status: str
+    seconds: float
+    deterministic_time: float
+
+
+def optimum(
+    plan: pa.Table,
+    model: CostModel,
+    *,
+    max_deterministic_time: float = 10.0,
+    unit_s: float = cpsat.UNIT_S,
+    hint: str | None = "portfolio",
+    seed: int = 0,
+) -> Optimum:
+    """The shortest schedule of ``plan`` under ``model`` that CP-SAT finds within ``max_deterministic_time``, and how
+    far from the optimum it may be (:mod:`rebalancer.planning.optimum`): the tests' oracle.
+
+    Args:
+        plan: as for :func:`schedule`.
+        model: the cost model.
+        max_deterministic_time: CP-SAT's deterministic time limit (one worker, ``seed``: the same result on every
+            machine).
+        unit_s: the model's time unit (durations rounded up to it).
+        hint: the policy whose schedule the solver starts from, or None.
+        seed: CP-SAT's random seed.
+
+    Raises:
+        ScheduleInputError: as :func:`schedule`.
+    """
+    if not isinstance(model, CostModel):
+        raise ScheduleInputError(f"model: expected a CostModel, got {type(model).__name__}")
+    p = _decode(plan, PLAN_INPUT_SCHEMA.names, model)
+    solo = _solo_durations(p, model)
+    run = None
+    if hint is not None:
+        if hint not in POLICIES:
+            raise ScheduleInputError(f"unknown policy {hint!r}; expected one of {list(POLICIES)}")
+        run = _run_policy(p, model, solo, hint)
+    found = _solve(p, model, solo, run, max_deterministic_time=max_deterministic_time, seed=seed, unit_s=unit_s)
+    timetable = _solved_timetable(found, _problem(p, model, solo))
+    return Optimum(
+        scheduled=_with_schedule(plan, p, timetable) if timetable is not None else None,
+        makespan_s=timetable.makespan if timetable is not None else math.inf, bound_s=found.bound_s,
+        proven_bound_s=found.proven_bound_s, optimal=found.optimal, exact=found.exact, status=found.status,
+        seconds=found.wall_s, deterministic_time=found.deterministic_time,
+    )
+
+
+def _solve(p: _Plan, model: CostModel, solo: np.ndarray, hint: _Timetable | None, **options: float) -> cpsat.Solution:
+    """CP-SAT on ``p`` in ``(group_name, partition_id, step)`` order (the same plan in any row order gives the same
+    schedule), starting from ``hint``; the solution indexed by the rows of ``p``."""
+    order = p.order
+    found = cpsat.solve(_problem(p, model, solo).renumbered(order),
+                        hint_start_s=hint.start[order] if hint is not None else None,
+                        hint_chosen=hint.chosen[order] if hint is not None else None, **options)  # type: ignore[arg-type]
+    if found.start is None or found.chosen is None:
+        return found
+    start = np.empty(p.n, dtype=np.int64)
+    chosen = np.empty(p.n, dtype=np.int64)
+    start[order], chosen[order] = found.start, found.chosen
+    return dataclasses.replace(found, start=start, chosen=chosen)
+
+
+def _problem(p: _Plan, model: CostModel, solo: np.ndarray) -> cpsat.Problem:
+    """``p`` under ``model`` as the solver reads it."""
+    return cpsat.Problem(
+        action=p.action, src=p.src, tgt=p.tgt, nxt=p.nxt, pool_node=p.pool_node, pool_start=p.pool_start,
+        nbytes=p.nbytes, stream=p.stream, solo=solo, nn=len(p.nodes), cap=model.max_parallel_per_node,
+        bw=model.node_bandwidth_bytes_per_s, overhead=model.overhead_s,
+    )
+
+
+def _longest_queue(p: _Plan, model: CostModel) -> int:
+    """The most steps one slot of a node may have to run one after the other (the steps that may touch the node over
+    its cap, at least 1): the exact pass's time unit is this much finer, so that rounding each step up to a unit
+    delays a node's last step by a small share of the makespan."""
+    nodes = np.concatenate([p.tgt[p.tgt >= 0], p.src[p.action != A_COPY], p.pool_node])
+    return max(1, -(-int(np.bincount(nodes, minlength=len(p.nodes)).max(initial=0)) // model.max_parallel_per_node))
+
+
+def _solved_timetable(found: cpsat.Solution, problem: cpsat.Problem) -> _Timetable | None:
+    """The solver's schedule in seconds, its grid's gaps closed (:func:`rebalancer.planning.optimum.compact`): each
+    step lasts its solo time (no transfer is slowed)."""
+    solo = problem.solo
+    if found.start is None or found.chosen is None:
+        return None
+    start = cpsat.compact(problem, found.start, found.chosen)
+    end = start + solo
+    return _Timetable(start, end, found.chosen, float(end.max()) if len(end) else 0.0, "solver")
 
 
 def makespan(scheduled: pa.Table) -> float:
@@ -380,6 +620,8 @@ class BoundTerms:
         slots_s: (c) the solo step time a set of nodes must host in its slots.
         pairs_s: (d) the two-node steps inside a set of nodes whose slot count is odd.
         chain_s: (e) a partition's steps one after the other.
+        balance_s: (f) every node's slot and send time, the COPYs split over their pools as well as any split could
+            (:mod:`rebalancer.planning.sources`); 0.0 for plans with more pools than it takes.
     """
 
     receive_s: float
@@ -387,11 +629,12 @@ class BoundTerms:
     slots_s: float
     pairs_s: float
     chain_s: float
+    balance_s: float = 0.0
 
     @property
     def value(self) -> float:
         """The bound: the largest term."""
-        return max(self.receive_s, self.send_s, self.slots_s, self.pairs_s, self.chain_s)
+        return max(self.receive_s, self.send_s, self.slots_s, self.pairs_s, self.chain_s, self.balance_s)
 
 
 def lower_bound_terms(scheduled: pa.Table, model: CostModel) -> BoundTerms:
@@ -503,12 +746,20 @@ def lower_bound_terms(scheduled: pa.Table, model: CostModel) -> BoundTerms:
         volume = np.cumsum(np.bincount(rank[only[forced]], weights=nbytes[forced], minlength=nn)
                            + np.bincount(top[flex], weights=nbytes[flex], minlength=nn))
         send_sets = max(send_sets, float((volume / (bw * size)).max()))
+    pool_start = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(pool_len, out=pool_start[1:])
+    balanced = sources.balance(
+        action=action, src=src, tgt=tgt, pool_node=pool_node, pool_start=pool_start, nbytes=nbytes, solo=solo,
+        head=head, tail=tail, order=np.lexsort((cols["step"].fill_null(0).to_numpy(), part)), nn=nn, cap=cap, bw=bw,
+        overhead=overhead,
+    )
     return BoundTerms(
         receive_s=receive,
         send_s=max(send, send_sets),
         slots_s=max(slots, slots_sets),
         pairs_s=pairs_s,
         chain_s=float(chains.max()),
+        balance_s=balanced.bound_s if balanced is not None else 0.0,
     )
 
 
@@ -693,25 +944,34 @@ def _decode(plan: pa.Table, names: list[str], model: CostModel) -> _Plan:
         raise ScheduleInputError(
             f"partition ({group!r}, {pid}): steps must be 1..k without gaps or duplicates, got {steps}"
         )
+    # Rows renumbered in (group_name, partition_id, step) order, so that every sum over rows (node loads, slack)
+    # is taken in one order whatever the order of the plan's rows: the same plan gives the same schedule.
     nxt = np.full(n, -1, dtype=np.int64)
     if n > 1:
         same = sp[1:] == sp[:-1]
-        nxt[order[:-1][same]] = order[1:][same]
+        nxt[:-1][same] = np.arange(1, n, dtype=np.int64)[same]
+    sizes = np.diff(pool_start)[order]
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    take = np.repeat(pool_start[:-1][order] - starts[:-1], sizes) + np.arange(starts[-1], dtype=np.int64)
     return _Plan(
         n=n,
         nodes=nodes,
-        order=order.astype(np.int64),
-        action=action,
-        src=src,
-        tgt=tgt,
-        primary=primary,
-        pool_node=keys % nn,
-        pool_start=pool_start,
-        nbytes=np.where(is_copy, np.maximum(nbytes_col, 0), 0).astype(np.float64),
-        stream=stream,
-        owners=cols["owners"].to_numpy().astype(np.int64),
-        replicas=cols["replicas"].to_numpy().astype(np.int64),
+        order=np.arange(n, dtype=np.int64),
+        action=action[order],
+        src=src[order],
+        tgt=tgt[order],
+        primary=primary[order],
+        pool_node=(keys % nn)[take],
+        pool_start=starts,
+        nbytes=np.where(is_copy, np.maximum(nbytes_col, 0), 0).astype(np.float64)[order],
+        stream=stream[order],
+        owners=cols["owners"].to_numpy().astype(np.int64)[order],
+        replicas=cols["replicas"].to_numpy().astype(np.int64)[order],
         nxt=nxt,
+        part=sp,
+        step=ss,
+        rows=order.astype(np.int64),
     )
 
 
@@ -731,7 +991,7 @@ def _serial(p: _Plan, solo: np.ndarray) -> _Timetable:
     ends = np.cumsum(solo[p.order])
     start, end = np.empty(p.n), np.empty(p.n)
     start[p.order], end[p.order] = np.concatenate([[0.0], ends[:-1]]), ends
-    return _Timetable(start, end, p.src, float(ends[-1]) if p.n else 0.0)
+    return _Timetable(start, end, p.src, float(ends[-1]) if p.n else 0.0, "serial")
 
 
 def _positions(p: _Plan) -> np.ndarray:
@@ -764,12 +1024,12 @@ def _hazelcast(p: _Plan) -> _Candidate:
     if len(bad):
         i = int(bad[0])
         raise ScheduleInputError(
-            f"row {i}: policy 'hazelcast' has no usable source for the COPY to {p.nodes[p.tgt[i]]!r}: expected a "
-            f"supplier other than the target, got {[p.nodes[source[i]]]}"
+            f"row {p.rows[i]}: policy 'hazelcast' has no usable source for the COPY to {p.nodes[p.tgt[i]]!r}: expected "
+            f"a supplier other than the target, got {[p.nodes[source[i]]]}"
         )
     pool_start = np.zeros(p.n + 1, dtype=np.int64)
     np.cumsum(is_copy, out=pool_start[1:])
-    return _Candidate(rank=_positions(p), pool_node=source[is_copy], pool_start=pool_start)
+    return _Candidate(rank=_positions(p), pool_node=source[is_copy], pool_start=pool_start, name="hazelcast")
 
 
 def _portfolio(p: _Plan, model: CostModel, solo: np.ndarray) -> _Timetable:
@@ -777,14 +1037,46 @@ def _portfolio(p: _Plan, model: CostModel, solo: np.ndarray) -> _Timetable:
 
     A candidate is abandoned as soon as it runs past the shortest makespan so far.
     """
+    return _shortest(p, model, solo, _candidates(p, model, solo))
+
+
+def _candidates(p: _Plan, model: CostModel, solo: np.ndarray) -> list[_Candidate]:
+    """``portfolio``'s list schedules, in the order they run (module docstring, "Policies")."""
     loads = _NodeLoads.of(p, model, solo)
-    best = _simulate(p, model, _Candidate(_slack_rank(p, loads), p.pool_node, p.pool_start, loads.pinned,
-                                          loads.limits), solo)
-    for cand in (_Candidate(_bottleneck_rank(p, loads, solo), p.pool_node, p.pool_start, loads.pinned), _ordered(p)):
+    slack = _slack_rank(p, loads)
+    bottleneck = _bottleneck_rank(p, loads, solo)
+    out = [_Candidate(slack, p.pool_node, p.pool_start, loads.pinned, loads.limits, "balanced")]
+    if p.n < MORE_CANDIDATES_BELOW_STEPS:
+        full = np.full(len(p.nodes), model.node_bandwidth_bytes_per_s)
+        out.append(_Candidate(slack, p.pool_node, p.pool_start, loads.pinned, full, "filling"))
+        spread = _balance(p, model, solo, np.argsort(slack, kind="stable"))
+        if spread is not None:
+            out += [_Candidate(slack, spread.pool_node, spread.pool_start, loads.pinned, full, "spread"),
+                    _Candidate(bottleneck, spread.pool_node, spread.pool_start, loads.pinned, full,
+                               "spread bottleneck")]
+    return [*out, _Candidate(bottleneck, p.pool_node, p.pool_start, loads.pinned, name="bottleneck"), _ordered(p)]
+
+
+def _shortest(p: _Plan, model: CostModel, solo: np.ndarray, candidates: list[_Candidate]) -> _Timetable:
+    """The shortest simulation of ``candidates`` (the first on a tie), each abandoned once past the best so far."""
+    best = _simulate(p, model, candidates[0], solo)
+    for cand in candidates[1:]:
         run = _simulate(p, model, cand, solo, horizon=best.makespan)
         if run.makespan < best.makespan:
             best = run
     return best
+
+
+def _balance(p: _Plan, model: CostModel, solo: np.ndarray, order: np.ndarray) -> sources.Balance | None:
+    """The linear program of :mod:`rebalancer.planning.sources` for ``p``: balanced sources (given to the COPYs in
+    ``order``) and their bound."""
+    head, tail, _ = _chain_offsets(p.part, p.step, solo)
+    return sources.balance(
+        action=p.action, src=p.src, tgt=p.tgt, pool_node=p.pool_node, pool_start=p.pool_start, nbytes=p.nbytes,
+        solo=solo, head=head, tail=tail, order=order,
+        nn=len(p.nodes), cap=model.max_parallel_per_node, bw=model.node_bandwidth_bytes_per_s,
+        overhead=model.overhead_s,
+    )
 
 
 def _ordered(p: _Plan) -> _Candidate:
@@ -800,7 +1092,7 @@ def _ordered(p: _Plan) -> _Candidate:
     keep = own | ~has_own[rows]
     pool_start = np.zeros(p.n + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows[keep], minlength=p.n), out=pool_start[1:])
-    return _Candidate(rank=rank, pool_node=p.pool_node[keep], pool_start=pool_start)
+    return _Candidate(rank=rank, pool_node=p.pool_node[keep], pool_start=pool_start, name="ordered")
 
 
 @dataclass(frozen=True)
@@ -907,7 +1199,7 @@ def _simulate(p: _Plan, model: CostModel, cand: _Candidate, solo: np.ndarray, ho
     Returns:
         Start, end and source of every row (``source_node`` for PROMOTE and DROP), and the makespan.
     """
-    return _Timetable(*event_loop.run(_loop_input(p, model, cand, solo), horizon))
+    return _Timetable(*event_loop.run(_loop_input(p, model, cand, solo), horizon), name=cand.name)
 
 
 def _loop_input(p: _Plan, model: CostModel, cand: _Candidate, solo: np.ndarray) -> event_loop.LoopInput:
@@ -924,8 +1216,17 @@ def _loop_input(p: _Plan, model: CostModel, cand: _Candidate, solo: np.ndarray) 
     )
 
 
+def _in_plan_order(p: _Plan, values: np.ndarray) -> np.ndarray:
+    """Per-row ``values`` of ``p`` in the plan's row order."""
+    out = np.empty_like(np.asarray(values))
+    out[p.rows] = values
+    return out
+
+
 def _with_schedule(plan: pa.Table, p: _Plan, run: _Timetable) -> pa.Table:
     """``plan`` with the chosen sources, waves and times (columns replaced in place or appended)."""
+    run = _Timetable(_in_plan_order(p, run.start), _in_plan_order(p, run.end), _in_plan_order(p, run.chosen),
+                     run.makespan, run.name)
     start = np.asarray(run.start, dtype=np.float64)
     if p.n:
         _, dense = np.unique(np.round(start, _WAVE_DECIMALS), return_inverse=True)
