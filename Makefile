@@ -13,11 +13,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[local,kafka,ignite,test,dev]"
 	# The Delta Lake jars for the delta-spark engine, from Maven Central (needs mvn; without it delta-rs is used).
 	$(PY) -m rebalancer.delta_jars
-	# A class-data archive of the classes every Spark start loads: sessions start about 1.5 s sooner.
-	$(PY) -m rebalancer.warmup
 	@touch $(STAMP)
 
-install: $(STAMP)
+# A class-data archive of the classes every Spark start loads: each later process's session starts about 1.5 s
+# sooner (docs/PERFORMANCE.md). Building it runs a small story on both engines, about 75 s here. The install and
+# the demo build it, for the commands a user runs after them; `make test` does not: its sessions are three, one per
+# test worker, and the archive cost it more than it saved (2026-11-28).
+WARM := $(VENV)/.warm
+$(WARM): $(STAMP)
+	$(PY) -m rebalancer.warmup
+	@touch $(WARM)
+
+install: $(STAMP) $(WARM)
 
 # The scheduler's loop compiled by numba for plans of 20,000 steps or more: a minute or two once, then numba's cache
 # (beside rebalancer/planning/event_loop.py). The benchmarks and the compiled-loop tests run it first; the install
@@ -33,7 +40,7 @@ compiled: $(COMPILED)
 scheduler-slow: $(COMPILED)
 	$(PY) -m pytest -q -m slow tests/test_schedule_loop.py --durations=5
 
-demo: $(STAMP)
+demo: $(WARM)
 	$(VENV)/bin/rebalancer demo
 
 # Test workers: each runs its own local[2] Spark session. Spark jobs on the suite's tiny frames wait mostly on
