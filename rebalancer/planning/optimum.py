@@ -303,24 +303,14 @@ def _feasible_hint(
     rounded length (the serial schedule generation scheme). Rounding delays each step by less than a unit per step
     before it on its node, so the solver starts from a schedule as long as the given one plus about that."""
     n = p.n
-    depth = np.zeros(n, dtype=np.int64)
-    for i in np.argsort(start_s, kind="stable").tolist():  # a step starts no earlier than its predecessor
-        if p.nxt[i] >= 0:
-            depth[p.nxt[i]] = max(depth[p.nxt[i]], depth[i] + 1)
-    order = np.lexsort((depth, start_s))
     earliest = np.ceil(start_s / unit_s - 1e-6).astype(np.int64)
     size = 2 * int(earliest.max() + length.max()) + 1
     grids = [np.zeros((p.nn, size), dtype=np.int32) for _ in range(3)]  # slots, inbound, outbound per unit
     ready = np.zeros(n, dtype=np.int64)
     placed = np.zeros(n, dtype=np.int64)
-    for i in order.tolist():
+    for i in _in_start_order(p, start_s):
         a = int(p.action[i])
-        if a == A_COPY:
-            touched = [int(p.tgt[i]), int(chosen[i])]
-        elif a == A_PROMOTE and p.tgt[i] != p.src[i]:
-            touched = [int(p.src[i]), int(p.tgt[i])]
-        else:
-            touched = [int(p.src[i])]
+        touched = _touched(p, i, chosen)
         d = int(length[i])
         moving = a == A_COPY and p.nbytes[i] > 0
         t = max(int(earliest[i]), int(ready[i]))
@@ -364,10 +354,6 @@ def compact(p: Problem, start_units: np.ndarray, chosen: np.ndarray) -> np.ndarr
     schedule is as legal as the solution and no longer.
     """
     n = p.n
-    depth = np.zeros(n, dtype=np.int64)
-    for i in np.argsort(start_units, kind="stable").tolist():
-        if p.nxt[i] >= 0:
-            depth[p.nxt[i]] = max(depth[p.nxt[i]], depth[i] + 1)
     in_limit, out_limit = _direction_limits(p)
     lead = p.overhead
     length = np.asarray(p.solo, dtype=np.float64)
@@ -385,14 +371,9 @@ def compact(p: Problem, start_units: np.ndarray, chosen: np.ndarray) -> np.ndarr
             return True
         return all(sum(1 for s2, e2 in inside if s2 <= x < e2) < most for x in {lo, *(s for s, _ in inside if s > lo)})
 
-    for i in np.lexsort((depth, start_units)).tolist():
+    for i in _in_start_order(p, start_units):
         a = int(p.action[i])
-        if a == A_COPY:
-            touched = [int(p.tgt[i]), int(chosen[i])]
-        elif a == A_PROMOTE and p.tgt[i] != p.src[i]:
-            touched = [int(p.src[i]), int(p.tgt[i])]
-        else:
-            touched = [int(p.src[i])]
+        touched = _touched(p, i, chosen)
         d = float(length[i])
         moving = a == A_COPY and p.nbytes[i] > 0
         earliest = float(ready[i])
@@ -414,3 +395,23 @@ def compact(p: Problem, start_units: np.ndarray, chosen: np.ndarray) -> np.ndarr
         if p.nxt[i] >= 0:
             ready[p.nxt[i]] = t + d
     return start
+
+
+def _in_start_order(p: Problem, start: np.ndarray) -> list[int]:
+    """The rows by ``start``, a step after its partition's previous one where they start at the same instant."""
+    depth = np.zeros(p.n, dtype=np.int64)
+    for i in np.argsort(start, kind="stable").tolist():
+        if p.nxt[i] >= 0:
+            depth[p.nxt[i]] = max(depth[p.nxt[i]], depth[i] + 1)
+    return list(np.lexsort((depth, start)).tolist())
+
+
+def _touched(p: Problem, i: int, chosen: np.ndarray) -> list[int]:
+    """The nodes row ``i`` holds a slot on: a COPY its target and its source ``chosen[i]``, a PROMOTE both primaries,
+    a DROP its node."""
+    a = int(p.action[i])
+    if a == A_COPY:
+        return [int(p.tgt[i]), int(chosen[i])]
+    if a == A_PROMOTE and p.tgt[i] != p.src[i]:
+        return [int(p.src[i]), int(p.tgt[i])]
+    return [int(p.src[i])]
