@@ -96,9 +96,9 @@ ignite-slow: $(STAMP)
 # Databricks' path; its exchange scenarios run under Connect, `make connect-slow`). Every earlier warehouse format's
 # fixture is recognised, upgraded, travelled back in time and continued (tests/upgrade; `make test` continues the
 # first format on delta-rs). The persistent-cluster scenarios run on delta-rs only (`make test`); `make ignite-slow`
-# runs a live persistent cluster's baseline on delta-spark. About 28 minutes on 2 cores with other work beside it
-# (2026-11-28: the slow tests 7.5, the tier 12 before the persistent-cluster scenarios left it, the formats 3.5):
-# Delta runs its own Spark jobs for every commit.
+# runs a live persistent cluster's baseline on delta-spark. About 27 minutes on 2 cores, machine idle (2026-11-28:
+# the slow tests 6.7, the tier 9.7, the previous format 1.9, the contract through Delta 4.5, the formats through
+# Delta 3.8): Delta runs its own Spark jobs for every commit.
 DELTA_SPARK_TIER := tests/test_storage.py tests/test_exchange_job.py tests/test_exchange_events.py \
 	tests/test_incremental_inputs.py tests/test_bad_input.py \
 	tests/test_delta_spark.py::test_a_warehouse_crossing_engines_rs_spark_rs_commits_what_one_engine_commits \
