@@ -40,7 +40,6 @@ Determinism
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -80,23 +79,6 @@ class Problem:
     @property
     def n(self) -> int:
         return len(self.action)
-
-    def renumbered(self, order: np.ndarray) -> Problem:
-        """The same problem with row ``order[k]`` as row k (the solver's result depends on the order of its
-        variables; the scheduler solves every plan in ``(group_name, partition_id, step)`` order)."""
-        n = self.n
-        rank = np.empty(n, dtype=np.int64)
-        rank[order] = np.arange(n, dtype=np.int64)
-        nxt = np.asarray(self.nxt, dtype=np.int64)[order]
-        sizes = np.diff(self.pool_start)[order]
-        starts = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(sizes, out=starts[1:])
-        take = np.repeat(np.asarray(self.pool_start[:-1])[order] - starts[:-1], sizes) + np.arange(starts[-1])
-        return dataclasses.replace(
-            self, action=self.action[order], src=self.src[order], tgt=self.tgt[order],
-            nxt=np.where(nxt >= 0, rank[np.maximum(nxt, 0)], -1), pool_node=self.pool_node[take], pool_start=starts,
-            nbytes=self.nbytes[order], stream=self.stream[order], solo=self.solo[order],
-        )
 
     @property
     def exact(self) -> bool:

@@ -313,7 +313,6 @@ class _Plan:
 
     n: int
     nodes: list[str]
-    order: np.ndarray  # row indices in (group_name, partition_id, step) order: 0..n-1
     action: np.ndarray  # int8 action code
     src: np.ndarray  # int64 node index
     tgt: np.ndarray  # int64 node index, -1 when null
@@ -533,18 +532,10 @@ def optimum(
 
 
 def _solve(p: _Plan, model: CostModel, solo: np.ndarray, hint: _Timetable | None, **options: float) -> cpsat.Solution:
-    """CP-SAT on ``p`` in ``(group_name, partition_id, step)`` order (the same plan in any row order gives the same
-    schedule), starting from ``hint``; the solution indexed by the rows of ``p``."""
-    order = p.order
-    found = cpsat.solve(_problem(p, model, solo).renumbered(order),
-                        hint_start_s=hint.start[order] if hint is not None else None,
-                        hint_chosen=hint.chosen[order] if hint is not None else None, **options)  # type: ignore[arg-type]
-    if found.start is None or found.chosen is None:
-        return found
-    start = np.empty(p.n, dtype=np.int64)
-    chosen = np.empty(p.n, dtype=np.int64)
-    start[order], chosen[order] = found.start, found.chosen
-    return dataclasses.replace(found, start=start, chosen=chosen)
+    """CP-SAT on ``p`` (whose rows are in ``(group_name, partition_id, step)`` order, so the same plan in any row order
+    gives the same schedule), starting from ``hint``."""
+    return cpsat.solve(_problem(p, model, solo), hint_start_s=hint.start if hint is not None else None,
+                       hint_chosen=hint.chosen if hint is not None else None, **options)  # type: ignore[arg-type]
 
 
 def _problem(p: _Plan, model: CostModel, solo: np.ndarray) -> cpsat.Problem:
@@ -957,7 +948,6 @@ def _decode(plan: pa.Table, names: list[str], model: CostModel) -> _Plan:
     return _Plan(
         n=n,
         nodes=nodes,
-        order=np.arange(n, dtype=np.int64),
         action=action[order],
         src=src[order],
         tgt=tgt[order],
@@ -988,17 +978,14 @@ def _solo_durations(p: _Plan, model: CostModel) -> np.ndarray:
 
 def _serial(p: _Plan, solo: np.ndarray) -> _Timetable:
     """``serial``: one step after the other in ``(group_name, partition_id, step)`` order, each alone."""
-    ends = np.cumsum(solo[p.order])
-    start, end = np.empty(p.n), np.empty(p.n)
-    start[p.order], end[p.order] = np.concatenate([[0.0], ends[:-1]]), ends
-    return _Timetable(start, end, p.src, float(ends[-1]) if p.n else 0.0, "serial")
+    end = np.cumsum(solo)
+    start = np.concatenate([[0.0], end[:-1]])
+    return _Timetable(start, end, p.src, float(end[-1]) if p.n else 0.0, "serial")
 
 
 def _positions(p: _Plan) -> np.ndarray:
-    """Each row's position in ``(group_name, partition_id, step)`` order."""
-    position = np.empty(p.n, dtype=np.int64)
-    position[p.order] = np.arange(p.n, dtype=np.int64)
-    return position
+    """Each row's position in ``(group_name, partition_id, step)`` order: its index (``_decode`` numbers them so)."""
+    return np.arange(p.n, dtype=np.int64)
 
 
 def _urgent(p: _Plan) -> np.ndarray:
