@@ -31,8 +31,15 @@ def create_topics(cluster: KafkaCluster, topics: dict[str, tuple[int, int]]) -> 
         client.create_topics([NewTopic(name, p, rf) for name, (p, rf) in topics.items()])
     finally:
         client.close()
-    wait_until(lambda: all(len(v) == topics[t][0] and all(r["leader"] >= 0 for r in v.values())
-                           for t, v in describe(cluster, list(topics)).items()), 30, "topics have leaders")
+    wait_until_in_sync(cluster, {name: partitions for name, (partitions, _) in topics.items()})
+
+
+def wait_until_in_sync(cluster: KafkaCluster, partitions: dict[str, int]) -> None:
+    """Until each topic has its number of partitions, each with a leader and every replica in sync. A follower
+    still catching up is not OWNING to the collector, and an exchange would rightly plan to copy to it."""
+    wait_until(lambda: all(len(v) == partitions[t] and all(r["leader"] >= 0 and set(r["isr"]) == set(r["replicas"])
+                                                           for r in v.values())
+                           for t, v in describe(cluster, list(partitions)).items()), 30, "every replica in sync")
 
 
 def describe(cluster: KafkaCluster, topics: list[str] | None = None) -> dict[str, dict[int, dict[str, Any]]]:

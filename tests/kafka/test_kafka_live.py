@@ -32,6 +32,7 @@ from tests.kafka.live import (
     records,
     wait_fenced,
     wait_until,
+    wait_until_in_sync,
     warehouse,
 )
 
@@ -108,7 +109,7 @@ def test_topics_created_and_grown_while_watched_are_adopted_too_and_nothing_is_r
     client = admin(steady)
     client.create_partitions({"grown-first": NewPartitions(total_count=8)})
     client.close()
-    wait_until(lambda: len(describe(steady, ["grown-first"])["grown-first"]) == 8, 30, "grown-first has 8 partitions")
+    wait_until_in_sync(steady, {"grown-first": 8})
     collect_cluster(wh, settings, steady.bootstrap)
     summaries = run_exchange(spark, wh, settings)
     assert summaries and all(s.migrations == 0 for s in summaries), [(s.exchange_type, s.migrations)
@@ -323,8 +324,7 @@ def test_a_skewed_cluster_is_adopted_as_it_is_and_evened_when_the_operator_asks(
         client.create_topics([NewTopic("skewed", replica_assignments={p: [1, 2] if p % 2 else [2, 1]
                                                                       for p in range(12)})])
         client.close()
-        wait_until(lambda: all(s["leader"] >= 0 for s in describe(cluster, ["skewed"])["skewed"].values()), 30,
-                   "skewed has leaders")
+        wait_until_in_sync(cluster, {"skewed": 12})
         produce(cluster, "skewed", 600)
         before = records(cluster, "skewed")
         wh, settings = _adopt(spark, cluster, tmp_path)  # adopted as it is: no step
