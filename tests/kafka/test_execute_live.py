@@ -71,7 +71,8 @@ def admin(cluster: KafkaCluster) -> Iterator[Any]:
 
 def create_topic(admin: Any, name: str, partitions: int, replication: int,
                  assignments: dict[int, list[int]] | None = None) -> None:
-    """Create ``name`` (Kafka places the replicas, or ``assignments``) and wait until every partition has a leader."""
+    """Create ``name`` (Kafka places the replicas, or ``assignments``) and wait until every partition has a leader
+    and every replica in sync (a follower still catching up is rightly planned a copy)."""
     if assignments is None:
         admin.create_topics({name: {"num_partitions": partitions, "replication_factor": replication}})
     else:
@@ -80,10 +81,11 @@ def create_topic(admin: Any, name: str, partitions: int, replication: int,
     while time.monotonic() < deadline:
         described = admin.describe_topics([name])[0]
         if described["error_code"] == 0 and len(described["partitions"]) == partitions and all(
-                p["leader_id"] >= 0 for p in described["partitions"]):
+                p["leader_id"] >= 0 and set(p["isr_nodes"]) == set(p["replica_nodes"])
+                for p in described["partitions"]):
             return
         time.sleep(0.2)
-    raise AssertionError(f"topic {name} has no leader for every partition after 30 s")
+    raise AssertionError(f"topic {name} has not every partition led and in sync after 30 s")
 
 
 def produce(bootstrap: str, topic: str, records: int, value_bytes: int) -> dict[tuple[int, int], bytes]:
