@@ -21,6 +21,8 @@ import logging
 import os
 import sys
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,6 +30,7 @@ import typer
 
 from rebalancer.config import load_settings
 from rebalancer.console import (
+    RowFormat,
     console,
     err_console,
     print_collect,
@@ -92,7 +95,7 @@ def _global_options(
         settings = settings.with_overrides(storage={"warehouse": warehouse})
     if strict:
         settings = settings.with_overrides(validation={"strict": True})
-    ctx.obj = Workspace(settings, starting=step, announce=lambda text: err_console.print(f"[dim]{text}[/dim]"))
+    ctx.obj = Workspace(settings, starting=_starting, announce=lambda text: err_console.print(f"[dim]{text}[/dim]"))
 
 
 @app.command()
@@ -174,12 +177,15 @@ def sql(
     ctx: typer.Context,
     query: Annotated[str, typer.Argument(help="Spark SQL; every table is a view by its name.")],
     limit: Annotated[int, typer.Option(help="Rows to print at most.")] = 100,
+    row_format: Annotated[RowFormat, typer.Option(
+        "--format", help="table (plain and never cut when stdout is not a terminal), csv with a header row, or json "
+        "(one object per line); for csv and json the row count goes to stderr.")] = RowFormat.TABLE,
 ) -> None:
     """Run a Spark SQL query over the warehouse tables and print the result."""
     state = _state(ctx)
     state.warehouse.register_views()
     df = state.spark.sql(query)
-    print_rows(df.columns, [tuple(r) for r in df.limit(limit + 1).collect()], limit)
+    print_rows(df.columns, [tuple(r) for r in df.limit(limit + 1).collect()], limit, row_format)
 
 
 @app.command()
@@ -554,6 +560,19 @@ def _log_to_stderr(on: bool) -> None:
         for h in ours:
             engine.removeHandler(h)
         engine.setLevel(logging.NOTSET)
+
+
+@contextmanager
+def _starting(label: str) -> Iterator[None]:
+    """Spark's start under a spinner; then PySpark's query-context logs are left to ``--verbose``: PySpark logs
+    every failed query as a JSON record with the JVM's whole stack trace on stderr before the error reaches us, and
+    the one sentence already says what failed."""
+    with step(label):
+        yield
+    from pyspark.logger import PySparkLogger
+
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).disabled = not _ERRORS.verbose
 
 
 class _ErrorOptions:

@@ -6,16 +6,27 @@ spinner shows while a long step runs, only when the output is a terminal.
 
 from __future__ import annotations
 
+import csv
+import datetime as dt
+import enum
+import io
+import json
 import logging
+import math
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 __all__ = [
+    "RowFormat",
     "console",
     "err_console",
     "print_balance",
@@ -143,15 +154,81 @@ def print_balance(report: Any, top: int) -> None:
                   f"replicas {report.balanced_replica_ratio:.3f}, primaries {report.balanced_primary_ratio:.3f}")
 
 
-def print_rows(columns: list[str], rows: list[tuple[Any, ...]], limit: int) -> None:
-    table = Table(show_header=True, header_style="bold")
+class RowFormat(enum.StrEnum):
+    """How ``rebalancer sql`` prints rows on stdout (``route`` draws a table)."""
+
+    TABLE = "table"  # drawn for a terminal; plain and never cut when stdout is a pipe or a file
+    CSV = "csv"  # RFC 4180, a header row first; nested values as JSON
+    JSON = "json"  # JSON Lines: one object per row, keys in column order
+
+
+def print_rows(columns: list[str], rows: list[tuple[Any, ...]], limit: int,
+               row_format: RowFormat = RowFormat.TABLE) -> None:
+    """Print at most ``limit`` of ``rows`` in ``row_format``, then how many were shown.
+
+    For csv and json the count goes to stderr, so that stdout is the data alone. Timestamps and dates are ISO 8601;
+    structs, maps and arrays are JSON objects and arrays in json and csv; a null is empty in csv, ``null`` in json
+    and ``NULL`` in a table.
+    """
+    shown = rows[:limit]
+    count = f"{len(shown)} row(s)" + (" (more not shown; --limit N)" if len(rows) > limit else "")
+    if row_format is RowFormat.TABLE:
+        _print_table(columns, shown)
+        console.print(count)
+        return
+    out = io.StringIO()
+    if row_format is RowFormat.CSV:
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows([_csv_cell(v) for v in row] for row in shown)
+    else:
+        for row in shown:
+            out.write(json.dumps({c: _plain(v) for c, v in zip(columns, row, strict=True)}, ensure_ascii=False))
+            out.write("\n")
+    sys.stdout.write(out.getvalue())
+    sys.stdout.flush()
+    err_console.print(f"[dim]{count}[/dim]")
+
+
+def _print_table(columns: list[str], rows: list[tuple[Any, ...]]) -> None:
+    table = Table(show_header=True, header_style="bold", box=None if not console.is_terminal else box.SQUARE)
     for name in columns:
-        table.add_column(name)
-    for row in rows[:limit]:
-        table.add_row(*["NULL" if v is None else str(v) for v in row])
-    console.print(table)
-    more = " (more not shown)" if len(rows) > limit else ""
-    console.print(f"{min(len(rows), limit)} row(s){more}")
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        table.add_row(*[Text("NULL" if v is None else str(v)) for v in row])  # cells are data, never markup
+    if console.is_terminal:
+        console.print(table)
+        return
+    # Off a terminal the table is as wide as its widest row (rich would fit it to 80 columns and cut every cell):
+    # a log or a script reads every cell whole.
+    width = Measurement.get(console, console.options.update_width(10**6), table).maximum
+    Console(file=console.file, width=width, highlight=False, soft_wrap=True).print(table)
+
+
+def _plain(value: Any) -> Any:
+    """A value as JSON holds it: structs as objects (field order kept), timestamps as ISO 8601 text."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)  # NaN and infinities are not JSON numbers
+    if hasattr(value, "asDict"):  # a Spark Row: a struct
+        return {k: _plain(v) for k, v in value.asDict().items()}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    return str(value)  # Decimal, bytes and the rest: their text, exactly
+
+
+def _csv_cell(value: Any) -> Any:
+    plain = _plain(value)
+    if plain is None:
+        return ""
+    if isinstance(plain, dict | list):
+        return json.dumps(plain, ensure_ascii=False)
+    return plain
 
 
 def print_what_if(run: Any, top: int) -> None:

@@ -196,3 +196,53 @@ def test_kafka_execute_dry_run_before_any_exchange_prints_an_empty_reassignment(
     import json
 
     assert json.loads(out) == {"version": 1, "partitions": []}
+
+
+def test_sql_formats_print_every_cell_whole_for_scripts(spark: Any, tmp_path: Path, capsys: Any) -> None:
+    import csv
+    import io
+    import json
+
+    w = str(tmp_path / "w")
+    run(capsys, "--warehouse", w, "generate", "--nodes", "3", "--groups", "1", "--partitions", "8")
+    query = ("SELECT node_id, attributes, array(node_order, 7) AS pair, named_struct('a', 1, 'b', CAST(NULL AS "
+             "STRING)) AS s, repeat('x', 150) AS wide, CAST(NULL AS INT) AS nothing, TIMESTAMP '2026-11-28 "
+             "10:00:00' AS at FROM nodes ORDER BY node_id")
+    code, out, err = run(capsys, "--warehouse", w, "sql", "--format", "json", query)
+    assert code == 0 and "3 row(s)" in err and "row(s)" not in out
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["node_id"] for r in rows] == ["node0", "node1", "node2"]
+    assert list(rows[0]) == ["node_id", "attributes", "pair", "s", "wide", "nothing", "at"]
+    assert rows[0]["attributes"] == {"zone": "zone0", "rack": "rack0"} and rows[0]["pair"] == [1, 7]
+    assert rows[0]["s"] == {"a": 1, "b": None} and rows[0]["nothing"] is None and rows[0]["wide"] == "x" * 150
+    assert rows[0]["at"] == "2026-11-28T10:00:00"
+    code, out, err = run(capsys, "--warehouse", w, "sql", "--format", "csv", "--limit", "2", query)
+    assert code == 0 and "2 row(s) (more not shown; --limit N)" in err
+    table = list(csv.reader(io.StringIO(out)))
+    assert table[0] == ["node_id", "attributes", "pair", "s", "wide", "nothing", "at"] and len(table) == 3
+    assert json.loads(table[1][1]) == {"zone": "zone0", "rack": "rack0"}
+    assert table[1][:1] + table[1][2:] == ["node0", "[1, 7]", '{"a": 1, "b": null}', "x" * 150, "",
+                                           "2026-11-28T10:00:00"]
+    code, out, _ = run(capsys, "--warehouse", w, "sql", query)  # a table, stdout not a terminal: nothing cut
+    assert code == 0 and "x" * 150 in out and "…" not in out and "3 row(s)" in out
+
+
+def test_a_failed_query_prints_its_sentence_and_no_json_log_or_java_trace(
+        spark: Any, tmp_path: Path, capsys: Any) -> None:
+    """A process of its own: PySpark's query-context log goes to the stderr the process started with."""
+    import subprocess
+    import sys
+
+    w = str(tmp_path / "w")
+    assert run(capsys, "--warehouse", w, "init")[0] == 0
+    done = subprocess.run([str(Path(sys.executable).parent / "rebalancer"), "--warehouse", w, "sql",
+                           "SELECT no_such_column FROM nodes"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and done.stdout == ""
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1 and "no_such_column" in errors[0], done.stderr
+    # The JVM prints its warning for the incubator module Spark 4.2's launcher adds whatever the options; the rest are
+    # the finished steps' progress lines: no JSON log record, no Java stack trace, no log-level banner.
+    jvm = "WARNING: Using incubator modules: jdk.incubator.vector"
+    others = [line for line in lines if not line.startswith(("error:", "storage engine ", jvm))]
+    assert all(line.endswith(" s") for line in others), done.stderr
