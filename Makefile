@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install compiled scheduler-slow demo test test-all interop interop-slow kafka-slow ignite-slow storage-slow connect-slow bench-interop soak lint bench bench-quick clean
+.PHONY: install compiled scheduler-slow demo test test-all interop interop-slow kafka-slow ignite-slow storage-slow connect-slow cluster-slow bench-interop soak lint bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 not found (tried python3.11, python3)"; exit 1; }
@@ -140,6 +140,12 @@ connect-slow: $(STAMP)
 	REBALANCER_TEST_API_MODE=connect REBALANCER_TEST_ENGINE=delta-spark REBALANCER_TEST_DRIVER_READER=off \
 		$(PY) -m pytest -q $(XDIST) tests/test_exchange_job.py tests/test_storage.py -k "$(THROUGH_DELTA_SCENARIOS)" \
 		--durations=5
+
+# A real multi-process Spark (local-cluster: a standalone master and two executor JVMs from pyspark's jars): a story
+# with every stage on its Spark path commits there what local[2] commits, on both engines, and the CLI's commands end
+# without an error line (tests/test_spark_cluster.py). CI runs it.
+cluster-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow tests/test_spark_cluster.py --durations=5
 
 # Hazelcast's parallel-migrations benchmark on real Hazelcast at 20,000 partitions, against our planner.
 bench-interop: $(STAMP)

@@ -96,6 +96,7 @@ def _global_options(
     if strict:
         settings = settings.with_overrides(validation={"strict": True})
     ctx.obj = Workspace(settings, starting=_starting, announce=lambda text: err_console.print(f"[dim]{text}[/dim]"))
+    ctx.call_on_close(ctx.obj.close)  # after the command, failed or not
 
 
 @app.command()
