@@ -20,12 +20,18 @@ import random
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
 
-from rebalancer.affinity.ideal import ideal_assignment
+from rebalancer.affinity.ideal import ideal_assignment_of
+from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.config import AffinitySettings, GenerateSettings
+from rebalancer.groups import GroupSettings
 from rebalancer.tables import CACHE_GROUPS, NODES, PARTITION_REPORTS, TOPOLOGY_EVENTS
 from rebalancer.vocabulary import AFFINITIES
 
@@ -43,6 +49,8 @@ class GeneratedCluster:
     cache_groups: DataFrame
     topology_events: DataFrame
     partition_reports: DataFrame
+    #: ``nodes``, ``cache_groups`` and ``topology_events`` as built on the driver: the same rows, as Arrow.
+    dimensions: dict[str, pa.Table]
 
     def as_tables(self) -> dict[str, DataFrame]:
         return {
@@ -116,23 +124,29 @@ def generate_cluster(
         )
         for i in range(nodes)
     ]
-    nodes_df = spark.createDataFrame(node_rows, NODES)
     group_rows = [
         (f"group{g}", partitions, backups, "PARTITIONED", affinity_function, False, None, "READ_WRITE_SAFE", True,
          None)
         for g in range(groups)
     ]
-    groups_df = spark.createDataFrame(group_rows, CACHE_GROUPS)
     event_rows = [
         (i + 1, "NODE_JOINED", f"node{i}", None, EPOCH + timedelta(seconds=i)) for i in range(nodes)
     ]
-    events_df = spark.createDataFrame(event_rows, TOPOLOGY_EVENTS)
+    dimensions = {name: _arrow(rows, schema) for name, rows, schema in (
+        ("nodes", node_rows, NODES), ("cache_groups", group_rows, CACHE_GROUPS),
+        ("topology_events", event_rows, TOPOLOGY_EVENTS))}
+    nodes_df, groups_df, events_df = (spark.createDataFrame(rows, schema) for rows, schema in (
+        (node_rows, NODES), (group_rows, CACHE_GROUPS), (event_rows, TOPOLOGY_EVENTS)))
+    # The ideal assignment ranks over the rows built here: no Spark job to collect them back.
+    node_set = NodeSet.from_rows(dimensions["nodes"].to_pylist())
+    group_settings = sorted((GroupSettings.from_row(r) for r in dimensions["cache_groups"].to_pylist()),
+                            key=lambda g: g.name)
 
     mean_entries = settings.avg_partition_bytes // settings.avg_entry_bytes
     size = F.floor(F.lit(mean_entries) * (F.lit(0.5) + _unit_interval(seed, "size"))).cast("long")
     counter = (F.col("size") + F.floor(F.col("size") * F.lit(0.25) * _unit_interval(seed, "counter"))).cast("long")
     reports_df = (
-        ideal_assignment(nodes_df, groups_df, affinity)
+        ideal_assignment_of(spark, node_set, group_settings, affinity)
         .withColumn("state", F.lit("OWNING"))
         .withColumn("size", size)
         .withColumn("update_counter", counter)
@@ -141,4 +155,11 @@ def generate_cluster(
         .withColumn("report_seq", F.lit(1).cast("long"))
         .select(*[F.col(f.name).cast(f.dataType) for f in PARTITION_REPORTS.fields])
     )
-    return GeneratedCluster(nodes_df, groups_df, events_df, reports_df)
+    return GeneratedCluster(nodes_df, groups_df, events_df, reports_df, dimensions)
+
+
+def _arrow(rows: list[tuple[Any, ...]], schema: StructType) -> pa.Table:
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(arrow_schema)
+    return pa.table([pa.array([list(v.items()) if isinstance(v, dict) else v for v in column], type=field.type)
+                     for column, field in zip(columns, arrow_schema, strict=True)], schema=arrow_schema)

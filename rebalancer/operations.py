@@ -12,12 +12,14 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from rebalancer.config import Settings
 from rebalancer.generate import GeneratedCluster, generate_cluster
 from rebalancer.inputs import latest_version as latest_committed_version
 from rebalancer.pipeline import VERSIONED_TABLES
 from rebalancer.producers import AppendedEvent, EventError, append_event, check_event
+from rebalancer.stages import paths
 from rebalancer.stages.meter import Meter
 from rebalancer.storage import Warehouse
 from rebalancer.tables import INPUT_TABLES, OUTPUT_TABLES, SCHEMAS
@@ -52,7 +54,16 @@ def load_generated_cluster(
     """
     created = set(warehouse.create_tables())
     # A table created just now is already empty: spare it a commit.
-    emptied = {name: spark.createDataFrame([], schema) for name, schema in OUTPUT_TABLES.items() if name not in created}
+    emptied_names = [name for name in OUTPUT_TABLES if name not in created]
+    if warehouse.reads_on_driver and rows_hint is not None and rows_hint <= paths.DRIVER_GENERATE_REPLICAS:
+        # Written from the driver: the reports collected as Arrow by one Spark job, everything else already there;
+        # nothing to count back.
+        arrow = {**cluster.dimensions, "partition_reports": cluster.partition_reports.toArrow()}
+        emptied_arrow = {name: to_arrow_schema(OUTPUT_TABLES[name], timezone="UTC").empty_table()
+                         for name in emptied_names}
+        warehouse.replace_where_many({**emptied_arrow, **arrow}, {}, rows_hint=rows_hint)
+        return {name: arrow[name].num_rows for name in cluster.as_tables()}
+    emptied = {name: spark.createDataFrame([], OUTPUT_TABLES[name]) for name in emptied_names}
     inputs = cluster.as_tables()
     warehouse.replace_where_many({**emptied, **inputs}, {}, rows_hint=rows_hint)
     return _row_counts(warehouse, list(inputs))

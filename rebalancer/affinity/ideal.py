@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
@@ -38,7 +38,7 @@ from rebalancer.config import AffinitySettings
 from rebalancer.groups import GroupSettings, InvalidGroupSettingsError
 from rebalancer.vocabulary import BALANCED
 
-__all__ = ["IDEAL_ASSIGNMENT_STAGE", "ideal_assignment", "previous_placement"]
+__all__ = ["IDEAL_ASSIGNMENT_STAGE", "ideal_assignment", "ideal_assignment_of", "previous_placement"]
 
 IDEAL_ASSIGNMENT_STAGE = StructType(
     [
@@ -129,8 +129,13 @@ def ideal_assignment(nodes_df: DataFrame, groups_df: DataFrame, settings: Affini
         InvalidGroupSettingsError: a group's settings are outside the contract (names the group).
         rebalancer.affinity.nodeset.InvalidNodeSetError: duplicate node ids, invalid capacities or node UUIDs.
     """
-    spark = nodes_df.sparkSession
-    nodes, all_groups = _collect_inputs(nodes_df, groups_df)
+    return ideal_assignment_of(nodes_df.sparkSession, *_collect_inputs(nodes_df, groups_df), settings)
+
+
+def ideal_assignment_of(
+    spark: SparkSession, nodes: NodeSet, all_groups: list[GroupSettings], settings: AffinitySettings
+) -> DataFrame:
+    """:func:`ideal_assignment` of nodes and groups already on the driver (``all_groups`` sorted by name)."""
     groups = [g for g in all_groups if g.affinity != BALANCED]
     balanced = [g for g in all_groups if g.affinity == BALANCED]
     total = sum(g.partitions for g in groups)
