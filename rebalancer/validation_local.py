@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from rebalancer.storage.base import COMMIT_COLUMN
 from rebalancer.tables import INPUT_TABLES
@@ -218,6 +219,10 @@ def bad_reports(
 ) -> B:
     """Which new reports break a rule (the stored ones give the rules that look across a copy's reports context).
 
+    The rules of one row are NumPy over the columns; the rules that compare rows (uniqueness, counter regressions)
+    run in Python over the rows that share a key or a copy only: a first exchange's hundreds of thousands of
+    reports, one per copy, never reach them.
+
     Args:
         new: the reports committed since the last version (SPEC columns and types, and the commit column).
         stored: the reports an earlier exchange consumed for the copies ``new`` names (or None).
@@ -229,47 +234,92 @@ def bad_reports(
         True where a row of ``new`` breaks a rule.
     """
     columns = INPUT_TABLES["partition_reports"].fieldNames()
-    rows = _rows(new, columns)
-    old = _rows(stored, columns) if stored is not None else []
-    all_rows = rows + old
-    is_new = [True] * len(rows) + [False] * len(old)
-    commits = _commits(new) + [-1] * len(old)
-    alive_set = None if alive is None else set(alive)
-    running_set = None if running is None else set(running)
-    newest_stored: dict[tuple[Any, ...], int] = {}
-    for r in old:
-        key = tuple(r[c] for c in _COPY)
-        if r["report_seq"] is not None:
-            newest_stored[key] = max(newest_stored.get(key, r["report_seq"]), r["report_seq"])
-    bad = np.zeros(len(all_rows), dtype=bool)
-    for i, r in enumerate(all_rows):
-        node = facts.nodes.get(r["node_id"]) if r["node_id"] is not None else None
-        group = facts.groups.get(r["group_name"]) if r["group_name"] is not None else None
-        counter, wal, pid = r["update_counter"], r["wal_history_counter"], r["partition_id"]
-        broken = (
-            any(r[c] is None for c in ("node_id", "group_name", "partition_id", "report_seq", "state"))
-            or (r["state"] is not None and r["state"] not in STATES)
-            or counter is None or counter < 0 or r["size"] is None or r["size"] < 0
-            or r["bytes"] is None or r["bytes"] < 0
-            or (wal is not None and (wal < 0 or (counter is not None and wal > counter)))
-            or (pid is not None and pid < 0)
-            or (r["node_id"] is not None and (node is None or not node[0] or node[1]))
-            or (r["group_name"] is not None and (group is None or not group[0]))
-            or (group is not None and group[0] and pid is not None and group[1] is not None and pid >= group[1])
-        )
-        if is_new[i] and not broken:
-            key = tuple(r[c] for c in _COPY)
-            stale = key in newest_stored and r["report_seq"] <= newest_stored[key]
-            not_alive = alive_set is not None and node is not None and node[0] and not node[1] \
-                and r["node_id"] not in alive_set
-            not_running = running_set is not None and group is not None and group[0] \
-                and r["group_name"] not in running_set
-            broken = stale or not_alive or not_running
-        bad[i] = broken
-    keys = [tuple(r[c] for c in (*_COPY, "report_seq")) for r in all_rows]
-    bad |= _unique_bad(keys, [_content(r, columns) for r in all_rows], commits, is_new, main=True)
-    bad |= _regressions(all_rows, bad, facts)
-    return bad[: len(rows)]
+    schema = pa.schema([f.with_nullable(True) for f in new.select(columns).schema])
+    rows = pa.concat_tables([t.select(columns).cast(schema) for t in (new, stored) if t is not None]).combine_chunks()
+    n_new, n = new.num_rows, rows.num_rows
+    is_new = np.arange(n) < n_new
+    commits = np.concatenate([np.asarray(_commits(new), dtype=np.int64), np.full(n - n_new, -1, dtype=np.int64)])
+
+    def null(c: str) -> B:
+        return np.asarray(rows.column(c).is_null().to_numpy(zero_copy_only=False), dtype=bool)
+
+    def values(c: str) -> npt.NDArray[np.int64]:
+        return np.asarray(rows.column(c).fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+    counter, wal, pid, seq = values("update_counter"), values("wal_history_counter"), values("partition_id"), \
+        values("report_seq")
+    node_code, node_names = _codes(rows.column("node_id"))
+    group_code, group_names = _codes(rows.column("group_name"))
+    node_facts = [facts.nodes.get(name) for name in node_names]
+    group_facts = [facts.groups.get(name) for name in group_names]
+    node_ok = _per_code(node_code, [f is not None and f[0] and not f[1] for f in node_facts])  # a valid server
+    group_ok = _per_code(group_code, [f is not None and bool(f[0]) for f in group_facts])
+    partitions = _per_code(group_code, [f[1] if f is not None and f[0] and f[1] is not None else -1
+                                        for f in group_facts], np.int64)
+    state = rows.column("state")
+    broken = (
+        null("node_id") | null("group_name") | null("partition_id") | null("report_seq") | null("state")
+        | ~np.asarray(pc.is_in(state, value_set=pa.array(sorted(STATES))).fill_null(True).to_numpy(
+            zero_copy_only=False), dtype=bool)
+        | null("update_counter") | (counter < 0) | null("size") | (values("size") < 0)
+        | null("bytes") | (values("bytes") < 0)
+        | (~null("wal_history_counter") & ((wal < 0) | (~null("update_counter") & (wal > counter))))
+        | (~null("partition_id") & (pid < 0))
+        | ((node_code >= 0) & ~node_ok)
+        | ((group_code >= 0) & ~group_ok)
+        | (group_ok & ~null("partition_id") & (partitions >= 0) & (pid >= partitions))
+    )
+    copy = _dense((node_code, group_code, np.where(null("partition_id"), -1, pid), null("partition_id")))
+    newest = np.full(int(copy.max(initial=-1)) + 1, np.iinfo(np.int64).min)
+    from_stored = ~is_new & ~null("report_seq")
+    np.maximum.at(newest, copy[from_stored], seq[from_stored])
+    stale = seq <= newest[copy]  # never true for a copy without a stored report (its newest is the minimum)
+    not_alive = np.zeros(n, dtype=bool) if alive is None else node_ok & ~_per_code(
+        node_code, [name in set(alive) for name in node_names])
+    not_running = np.zeros(n, dtype=bool) if running is None else group_ok & ~_per_code(
+        group_code, [name in set(running) for name in group_names])
+    bad = broken | (is_new & (stale | not_alive | not_running))
+
+    # Rules across rows, on the rows that share a key (copy and report_seq) or a copy with another row only.
+    key = _dense((copy, np.where(null("report_seq"), 0, seq), null("report_seq")))
+    shared_key = np.flatnonzero(np.bincount(key)[key] > 1)
+    if shared_key.size:
+        some = rows.take(shared_key).to_pylist()
+        bad[shared_key] |= _unique_bad([tuple(r[c] for c in (*_COPY, "report_seq")) for r in some],
+                                       [_content(r, columns) for r in some], commits[shared_key].tolist(),
+                                       is_new[shared_key].tolist(), main=True)
+    shared_copy = np.flatnonzero(np.bincount(copy)[copy] > 1)
+    if shared_copy.size:
+        bad[shared_copy] |= _regressions(rows.take(shared_copy).to_pylist(), bad[shared_copy], facts)
+    return bad[:n_new]
+
+
+def _codes(column: pa.ChunkedArray) -> tuple[npt.NDArray[np.int64], list[Any]]:
+    """Dictionary codes of a column (-1 for null) and the distinct values they index."""
+    encoded = column.combine_chunks().dictionary_encode()
+    codes = np.asarray(encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    return codes, encoded.dictionary.to_pylist()
+
+
+def _per_code(codes: npt.NDArray[np.int64], per_value: list[Any], dtype: Any = bool) -> npt.NDArray[Any]:
+    """A value per row from one per distinct value (a null row, code -1, gets the zero of ``dtype``)."""
+    table = np.asarray([*per_value, 0], dtype=dtype)  # index -1 reads the appended zero
+    return table[codes]
+
+
+def _dense(columns: tuple[npt.NDArray[Any], ...]) -> npt.NDArray[np.int64]:
+    """One code per distinct combination of the columns' values, 0..k-1."""
+    arrays = [np.asarray(c, dtype=np.int64) for c in columns]
+    if arrays[0].size == 0:
+        return np.zeros(0, dtype=np.int64)
+    lows = [int(a.min()) for a in arrays]
+    spans = [int(a.max()) - low + 1 for a, low in zip(arrays, lows, strict=True)]
+    if math.prod(spans) < 2**62:  # one int64 per row (mixed radix): a 1-D unique, far faster than rows of a matrix
+        combined = np.zeros(arrays[0].size, dtype=np.int64)
+        for a, low, span in zip(arrays, lows, spans, strict=True):
+            combined = combined * span + (a - low)
+        return np.unique(combined, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    return np.unique(np.stack(arrays, axis=1), axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 def _regressions(rows: list[dict[str, Any]], bad: B, facts: References) -> B:
