@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from rebalancer import validation_local as vl
 from rebalancer.storage.base import COMMIT_COLUMN
 from rebalancer.tables import INPUT_TABLES
 from rebalancer.validation import ROW_COLUMN, Consumer, validate_inputs
@@ -139,3 +140,104 @@ def test_the_driver_and_spark_reject_the_same_rows(spark: SparkSession, data: di
         local_bad = np.flatnonzero(bad[table]).tolist()
         note(f"{table}: spark {[(r[ROW_COLUMN], r['reason']) for r in rejected if r['table_name'] == table]}")
         assert local_bad == spark_bad, f"{table}: driver {local_bad} vs spark {spark_bad}"
+
+
+def _row_by_row(
+    new: pa.Table,
+    stored: pa.Table | None,
+    facts: Any,
+    alive: list[str] | None = None,
+    running: list[str] | None = None,
+) -> Any:
+    """The rules as the catalogue states them, one row at a time (the driver's code before it went columnwise)."""
+    columns = INPUT_TABLES["partition_reports"].fieldNames()
+    rows = vl._rows(new, columns)
+    old = vl._rows(stored, columns) if stored is not None else []
+    all_rows = rows + old
+    is_new = [True] * len(rows) + [False] * len(old)
+    commits = vl._commits(new) + [-1] * len(old)
+    alive_set = None if alive is None else set(alive)
+    running_set = None if running is None else set(running)
+    newest_stored: dict[tuple[Any, ...], int] = {}
+    for r in old:
+        key = tuple(r[c] for c in vl._COPY)
+        if r["report_seq"] is not None:
+            newest_stored[key] = max(newest_stored.get(key, r["report_seq"]), r["report_seq"])
+    bad = np.zeros(len(all_rows), dtype=bool)
+    for i, r in enumerate(all_rows):
+        node = facts.nodes.get(r["node_id"]) if r["node_id"] is not None else None
+        group = facts.groups.get(r["group_name"]) if r["group_name"] is not None else None
+        counter, wal, pid = r["update_counter"], r["wal_history_counter"], r["partition_id"]
+        broken = (
+            any(r[c] is None for c in ("node_id", "group_name", "partition_id", "report_seq", "state"))
+            or (r["state"] is not None and r["state"] not in vl.STATES)
+            or counter is None or counter < 0 or r["size"] is None or r["size"] < 0
+            or r["bytes"] is None or r["bytes"] < 0
+            or (wal is not None and (wal < 0 or (counter is not None and wal > counter)))
+            or (pid is not None and pid < 0)
+            or (r["node_id"] is not None and (node is None or not node[0] or node[1]))
+            or (r["group_name"] is not None and (group is None or not group[0]))
+            or (group is not None and group[0] and pid is not None and group[1] is not None and pid >= group[1])
+        )
+        if is_new[i] and not broken:
+            key = tuple(r[c] for c in vl._COPY)
+            stale = key in newest_stored and r["report_seq"] <= newest_stored[key]
+            not_alive = alive_set is not None and node is not None and node[0] and not node[1] \
+                and r["node_id"] not in alive_set
+            not_running = running_set is not None and group is not None and group[0] \
+                and r["group_name"] not in running_set
+            broken = stale or not_alive or not_running
+        bad[i] = broken
+    keys = [tuple(r[c] for c in (*vl._COPY, "report_seq")) for r in all_rows]
+    bad |= vl._unique_bad(keys, [vl._content(r, columns) for r in all_rows], commits, is_new, main=True)
+    bad |= vl._regressions(all_rows, bad, facts)
+    return bad[: len(rows)]
+
+
+@st.composite
+def mostly_clean_reports(draw: st.DrawFn) -> dict[str, Any]:
+    """Valid nodes and groups; reports over a few copies, each field valid most of the time, so that a row breaks
+    one rule at a time and copies share keys, stored reports and counters (each rule shows, not masked by others)."""
+    uuid = "00000000-0000-0000-0000-00000000000"
+    nodes = [{"node_id": n, "node_order": i + 1, "node_uuid": f"{uuid}{i}", "capacity": 1.0, "is_client": n == "d",
+              "host": "h", "attributes": None} for i, n in enumerate("abcd")]
+    groups = [{"group_name": g, "partitions": 3, "backups": 1, "mode": "PARTITIONED", "affinity": "rendezvous",
+               "backup_filter": None, "loss_policy": "IGNORE", "persistent": g == "g", "partitioner": None}
+              for g in "gh"]
+    report = st.fixed_dictionaries({
+        "node_id": st.sampled_from(["a", "b", "c"] * 4 + ["d", "ghost", None]),
+        "group_name": st.sampled_from(["g", "h"] * 6 + ["x", None]),
+        "partition_id": st.sampled_from([0, 1, 2] * 4 + [3, -1, None]),
+        "state": st.sampled_from(["OWNING"] * 10 + ["MOVING", "EVICTED", "owning", None]),
+        "update_counter": st.sampled_from([0, 2, 4, 6] * 3 + [-1, None]),
+        "size": st.sampled_from([1] * 12 + [-1, None]),
+        "bytes": st.sampled_from([10] * 12 + [-1, None]),
+        "wal_history_counter": st.sampled_from([None, 0, 1] * 4 + [7, -1]),
+        "report_seq": st.sampled_from([1, 2, 3, 4] * 3 + [None]),
+    })
+    new = draw(st.lists(report, max_size=10))
+    return {
+        "nodes": nodes, "groups": groups, "events": [], "event_commits": [],
+        "stored": draw(st.lists(report, max_size=6)), "new": new,
+        "new_commits": draw(st.lists(st.integers(1, 3), min_size=len(new), max_size=len(new))),
+        "alive": draw(st.sampled_from([["a", "b", "c"], ["a", "b", "c"], ["a", "b"]])),
+        "running": draw(st.sampled_from([["g", "h"], ["g", "h"], ["g"]])),
+    }
+
+
+@settings(max_examples=3000 if os.environ.get("HYPOTHESIS_PROFILE") == "soak" else 300, deadline=None)
+@given(data=st.one_of(mostly_clean_reports(), dirty_inputs()))
+def test_the_columnwise_report_rules_give_the_row_by_row_verdicts(data: dict[str, Any]) -> None:
+    """No Spark: the reports' rules as NumPy over columns (only rows sharing a key or a copy reach Python) call bad
+    exactly the rows the same rules applied row by row do."""
+    small = {
+        "cache_groups": arrow("cache_groups", data["groups"]),
+        "nodes": arrow("nodes", data["nodes"]),
+        "topology_events": arrow("topology_events", data["events"], data["event_commits"]),
+    }
+    new = arrow("partition_reports", data["new"], data["new_commits"])
+    stored = arrow("partition_reports", data["stored"])
+    _, references = bad_small_tables(small)
+    for kept, alive, running in ((stored, data["alive"], data["running"]), (None, None, None)):
+        assert bad_reports(new, kept, references, alive, running).tolist() == \
+            _row_by_row(new, kept, references, alive, running).tolist()
