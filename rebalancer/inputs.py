@@ -300,8 +300,9 @@ def _taken_seqs(warehouse: Warehouse, reused: list[Event], consumed: int | None)
     return out
 
 
-#: New reports up to this many are judged on the driver (``rebalancer.validation_local``); more go to Spark.
-LOCAL_REPORTS = 250_000
+#: New reports up to this many are judged on the driver (``rebalancer.validation_local``, NumPy over columns); more
+#: go to Spark. XL's first exchange (786,432 new reports): 2.0 s on the driver, 118 s in Spark (docs/SCALING.md).
+LOCAL_REPORTS = 5_000_000
 REJECTED_ARROW = to_arrow_schema(REJECTED_ROWS, timezone="UTC")
 
 
