@@ -274,6 +274,13 @@ def _first_of_runs(keys: I64) -> B:
     return out
 
 
+def _unique(values: I64) -> I64:
+    """The sorted distinct keys by one sort: NumPy 2.4's ``np.unique`` without ``return_*`` first builds a hash
+    table, 60x slower on XL's 786,432 keys (0.75 s against 0.012 s)."""
+    ordered = np.sort(values)
+    return ordered[_first_of_runs(ordered)]
+
+
 def _lookup(sorted_keys: I64, keys: I64) -> I64:
     """Index of each of ``keys`` in the unique sorted array ``sorted_keys``, or -1."""
     if sorted_keys.size == 0:
@@ -360,7 +367,7 @@ def _partition_codes(table: pa.Table, ctx: KernelContext) -> tuple[_Batch, I64]:
     if (row_group < 0).any() or (pid < 0).any():
         raise KernelInputError("every input row needs a group_name and a partition_id >= 0")
     row_key = row_group * MAX_PARTITIONS + pid
-    marked = np.unique(row_key[kind == PARTITION])
+    marked = _unique(row_key[kind == PARTITION])
     q = _lookup(marked, row_key)
     if (q < 0).any():
         bad = int(np.flatnonzero(q < 0)[0])
@@ -515,7 +522,7 @@ def _slots(copies: _Copies, ideal: _Ideal, nodes: _Nodes) -> _Slots:
     nn = len(nodes.ids)
     copy_key = copies.q * nn + nodes.rank[copies.node]
     ideal_key = ideal.q * nn + nodes.rank[ideal.node]
-    keys = np.union1d(copy_key, ideal_key)
+    keys = _unique(np.concatenate([copy_key, ideal_key]))  # np.union1d: np.unique's slow path
     n = keys.size
     ci = _lookup(copy_key, keys) if copy_key.size else np.full(n, _NO, np.int64)
     ii_sorted = np.argsort(ideal_key, kind="stable")
@@ -1018,7 +1025,7 @@ def check_invariants(d: Decisions) -> None:
                     ("ideal", d.ideal_assignment)):
         keys[name] = _int(pc.index_in(t.column("group_name"), value_set=groups)) * MAX_PARTITIONS + _int(
             t.column("partition_id"))
-    parts = np.unique(np.concatenate(list(keys.values())))
+    parts = _unique(np.concatenate(list(keys.values())))
 
     def q(name: str) -> I64:
         return np.searchsorted(parts, keys[name]).astype(np.int64)
@@ -1051,9 +1058,9 @@ def _violations(f: _Facts, nn: int) -> I64:
     n = f.n
     wrong = np.zeros(n, bool)
     m_key = f.map_q * nn + f.map_node
-    owning_keys = np.unique(m_key[f.map_owning])
-    held_keys = np.unique(m_key)
-    ideal_keys = np.unique(f.ideal_q * nn + f.ideal_node)
+    owning_keys = _unique(m_key[f.map_owning])
+    held_keys = _unique(m_key)
+    ideal_keys = _unique(f.ideal_q * nn + f.ideal_node)
     has_owner = _seg_any(f.map_q, f.map_owning, n)
     primaries = np.bincount(f.primary_q, minlength=n)
     wrong |= has_owner & (primaries != 1)
