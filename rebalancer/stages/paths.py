@@ -9,7 +9,7 @@ Spark paths.
 #: on the driver when the warehouse reads Arrow there (``Warehouse.reads_on_driver``): the same kernel, so the
 #: same rows as in Spark, without its Spark jobs: at L (196,608 replicas, 2 cores) 0.8-1.7 s instead of 5-7.5 s
 #: (docs/PERFORMANCE.md); at XL (786,432) a failure's exchange 6.9 s as a process instead of 79 s, at XXL
-#: (2,801,664) 17.5 s instead of 173 s, the first exchange 73.5 s instead of 195 s and 4.5 GB at most
+#: (2,801,664) 12.4-17.5 s instead of 173 s, the first exchange 29-74 s instead of 195 s and 4.5 GB at most
 #: (docs/SCALING.md). Larger clusters keep the one pass in Spark, spread over the executors.
 DRIVER_KERNEL_REPLICAS = 5_000_000
 #: Which partitions a node's departure touches is found on the driver up to this many copies of the carried groups
