@@ -114,16 +114,21 @@ def dirty_inputs(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
-@settings(max_examples=EXAMPLES, deadline=None)
-@given(data=dirty_inputs())
-def test_the_driver_and_spark_reject_the_same_rows(spark: SparkSession, data: dict[str, Any]) -> None:
+def _tables(data: dict[str, Any]) -> tuple[dict[str, pa.Table], pa.Table, pa.Table]:
+    """A drawn example as Arrow: the three small tables, the new reports and the stored ones."""
     small = {
         "cache_groups": arrow("cache_groups", data["groups"]),
         "nodes": arrow("nodes", data["nodes"]),
         "topology_events": arrow("topology_events", data["events"], data["event_commits"]),
     }
-    new = arrow("partition_reports", data["new"], data["new_commits"])
-    stored = arrow("partition_reports", data["stored"])
+    return small, arrow("partition_reports", data["new"], data["new_commits"]), arrow("partition_reports",
+                                                                                       data["stored"])
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(data=dirty_inputs())
+def test_the_driver_and_spark_reject_the_same_rows(spark: SparkSession, data: dict[str, Any]) -> None:
+    small, new, stored = _tables(data)
     bad, references = bad_small_tables(small)
     bad["partition_reports"] = bad_reports(new, stored, references, data["alive"], data["running"])
 
@@ -230,13 +235,7 @@ def mostly_clean_reports(draw: st.DrawFn) -> dict[str, Any]:
 def test_the_columnwise_report_rules_give_the_row_by_row_verdicts(data: dict[str, Any]) -> None:
     """No Spark: the reports' rules as NumPy over columns (only rows sharing a key or a copy reach Python) call bad
     exactly the rows the same rules applied row by row do."""
-    small = {
-        "cache_groups": arrow("cache_groups", data["groups"]),
-        "nodes": arrow("nodes", data["nodes"]),
-        "topology_events": arrow("topology_events", data["events"], data["event_commits"]),
-    }
-    new = arrow("partition_reports", data["new"], data["new_commits"])
-    stored = arrow("partition_reports", data["stored"])
+    small, new, stored = _tables(data)
     _, references = bad_small_tables(small)
     for kept, alive, running in ((stored, data["alive"], data["running"]), (None, None, None)):
         assert bad_reports(new, kept, references, alive, running).tolist() == \
