@@ -225,24 +225,3 @@ def test_sql_formats_print_every_cell_whole_for_scripts(spark: Any, tmp_path: Pa
                                            "2026-11-28T10:00:00"]
     code, out, _ = run(capsys, "--warehouse", w, "sql", query)  # a table, stdout not a terminal: nothing cut
     assert code == 0 and "x" * 150 in out and "…" not in out and "3 row(s)" in out
-
-
-def test_a_failed_query_prints_its_sentence_and_no_json_log_or_java_trace(
-        spark: Any, tmp_path: Path, capsys: Any) -> None:
-    """A process of its own: PySpark's query-context log goes to the stderr the process started with."""
-    import subprocess
-    import sys
-
-    w = str(tmp_path / "w")
-    assert run(capsys, "--warehouse", w, "init")[0] == 0
-    done = subprocess.run([str(Path(sys.executable).parent / "rebalancer"), "--warehouse", w, "sql",
-                           "SELECT no_such_column FROM nodes"], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 1 and done.stdout == ""
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("error:")]
-    assert len(errors) == 1 and "no_such_column" in errors[0], done.stderr
-    # The JVM prints its warning for the incubator module Spark 4.2's launcher adds whatever the options; the rest are
-    # the finished steps' progress lines: no JSON log record, no Java stack trace, no log-level banner.
-    jvm = "WARNING: Using incubator modules: jdk.incubator.vector"
-    others = [line for line in lines if not line.startswith(("error:", "storage engine ", jvm))]
-    assert all(line.endswith(" s") for line in others), done.stderr

@@ -54,9 +54,11 @@ def test_a_spark_cluster_commits_what_local_spark_commits_and_ends_without_an_er
     assert _error_lines(stderr) == [], stderr[-3000:]
 
 
-def test_commands_on_a_spark_cluster_end_without_an_error_line(tmp_path: Path) -> None:
+def test_commands_on_a_spark_cluster_end_without_an_error_line_and_a_failed_one_with_its_sentence(
+        tmp_path: Path) -> None:
     """Each command a process of its own, as a user runs them: the session it started is stopped before it exits
-    (executors first), where an exit alone left the workers relaunching executors during the JVM's shutdown."""
+    (executors first), where an exit alone left the workers relaunching executors during the JVM's shutdown. A
+    failed query prints its one sentence (PySpark's query log and the JVM trace are for --verbose)."""
     conf = tmp_path / "cluster.toml"
     conf.write_text(f'[spark]\nmaster = "{CLUSTER}"\n[storage]\nengine = "delta-rs"\n')
     rebalancer = Path(sys.executable).parent / "rebalancer"
@@ -70,3 +72,11 @@ def test_commands_on_a_spark_cluster_end_without_an_error_line(tmp_path: Path) -
         assert _error_lines(done.stderr) == [], (command, done.stderr[-3000:])
         assert all(line.endswith(" s") or line.startswith(("storage engine ", "created a new warehouse"))
                    for line in lines), (command, done.stderr)
+    # A failed query: its one sentence, no JSON log record of PySpark's, no Java stack trace, no log-level banner.
+    done = subprocess.run([str(rebalancer), "--conf", str(conf), "--warehouse", str(tmp_path / "w"), "sql",
+                           "SELECT no_such_column FROM nodes"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1 and done.stdout == ""
+    lines = [line for line in done.stderr.splitlines() if line.strip() and line != JVM_WARNING]
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1 and "no_such_column" in errors[0] and lines[-1] == errors[0], done.stderr
+    assert all(line.endswith(" s") or line.startswith("storage engine ") for line in lines[:-1]), done.stderr
