@@ -1,8 +1,10 @@
 """Synthetic steady clusters: the input tables of a cluster where every ideal replica is OWNING.
 
 ``generate_cluster`` is a pure function of its arguments and seed: the same call gives the same rows, byte for
-byte. Nodes and groups are small (built on the driver); the partition reports, up to millions of rows, are built
-by Spark from the ideal assignment stage, so they never pass through the driver.
+byte. Nodes, groups and events are small (built on the driver, also as Arrow: ``GeneratedCluster.dimensions``);
+the partition reports, up to millions of rows, are built by Spark from the ideal assignment stage.
+``rebalancer.operations.load_generated_cluster`` collects them once to write from the driver where the warehouse
+reads there and the cluster is within ``stages.paths.DRIVER_GENERATE_REPLICAS``; beyond, Spark writes them.
 
 Shape of a generated cluster (the defaults in ``conf/default.toml`` ``[generate]``):
 - nodes ``node0 .. node{N-1}``, join order 1..N, ``nodes_per_host`` servers per host ``host{k}``, attributes
