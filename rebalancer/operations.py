@@ -24,6 +24,7 @@ from rebalancer.stages.meter import Meter
 from rebalancer.storage import Warehouse
 from rebalancer.tables import INPUT_TABLES, OUTPUT_TABLES, SCHEMAS
 from rebalancer.validation import validate_inputs
+from rebalancer.validation_local import bad_reports, bad_small_tables, spec_typed
 
 __all__ = [
     "AppendedEvent",
@@ -107,15 +108,31 @@ def generate_into(
 def validate_warehouse(warehouse: Warehouse, exchange_id: int | None = None, strict: bool = False) -> DataFrame:
     """Validate the input tables; append bad rows to ``rejected_rows``.
 
+    Where the warehouse reads on the driver and the driver's verdicts (:mod:`rebalancer.validation_local`) find no
+    bad row, nothing is judged in Spark (the demo's 3,072 copies: 17 s of Spark's validator on delta-spark); any bad
+    row sends every table to Spark's validator, which writes the reasons.
+
     Returns:
         The rejected rows of this validation (schema of ``rejected_rows``).
     """
+    if warehouse.reads_on_driver and _valid_on_driver(warehouse):
+        return warehouse.spark.createDataFrame([], SCHEMAS["rejected_rows"])
     raw = {name: warehouse.read_raw(name) for name in INPUT_TABLES}
     validated = validate_inputs(raw, exchange_id=exchange_id, strict=strict)
     rejected = validated.rejected.select(*[f.name for f in SCHEMAS["rejected_rows"].fields]).cache()
     if rejected.limit(1).count() > 0:
         warehouse.append("rejected_rows", rejected)
     return rejected
+
+
+def _valid_on_driver(warehouse: Warehouse) -> bool:
+    """Whether every row of the input tables is valid by the driver's verdicts (tables of the SPEC types only)."""
+    tables = {name: warehouse.read_arrow(name) for name in INPUT_TABLES}
+    if not all(spec_typed(name, table) for name, table in tables.items()):
+        return False
+    bad, references = bad_small_tables({name: tables[name] for name in ("cache_groups", "nodes", "topology_events")})
+    return not any(b.any() for b in bad.values()) and not bad_reports(tables["partition_reports"], None,
+                                                                      references).any()
 
 
 def export_affinity(warehouse: Warehouse, version: tuple[int, int] | None = None) -> dict[str, object]:

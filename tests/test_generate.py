@@ -128,3 +128,28 @@ def test_a_cluster_written_from_the_driver_has_the_rows_spark_writes(
         assert counts == {"nodes": 6, "cache_groups": 2, "topology_events": 6, "partition_reports": 192}
         written[name] = {table: sorted(map(repr, wh.read_arrow(table).to_pylist())) for table in INPUT_TABLES}
     assert written["driver"] == written["spark"]
+
+
+def test_validating_a_generated_warehouse_finds_nothing_and_a_bad_report_is_still_rejected(
+        spark: Any, tmp_path: Path) -> None:
+    """The driver's verdicts clear a valid warehouse without Spark's validator; one bad row sends it to Spark, which
+    rejects that row with its reason."""
+    import json
+
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from rebalancer.operations import validate_warehouse
+    from rebalancer.tables import PARTITION_REPORTS
+
+    settings = Settings().with_overrides(storage={"warehouse": str(tmp_path / "w"), "engine": "auto"})
+    wh = open_warehouse(spark, settings.storage)
+    generate_into(spark, wh, settings, nodes=3, groups=1, partitions=8, backups=1, seed=5)
+    assert validate_warehouse(wh).count() == 0 and wh.read("rejected_rows").count() == 0
+    bad = pa.Table.from_pylist([{"node_id": "node0", "group_name": "group0", "partition_id": 0, "state": "OWNING",
+                                 "update_counter": 5, "size": -1, "bytes": 10, "wal_history_counter": 1,
+                                 "report_seq": 9}], schema=to_arrow_schema(PARTITION_REPORTS, timezone="UTC"))
+    wh.append_arrow("partition_reports", bad)
+    rejected = validate_warehouse(wh).collect()
+    assert [(r.table_name, json.loads(r.row_json)["size"]) for r in rejected] == [("partition_reports", -1)]
+    assert wh.read("rejected_rows").count() == 1
