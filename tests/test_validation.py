@@ -1121,7 +1121,7 @@ def _random_tables(draw: st.DrawFn) -> dict[str, list[Record]]:
     }  # fmt: skip
 
 
-@settings(max_examples=max(4, settings.default.max_examples // 6))  # ci: 4 examples of up to ~50 rows each
+@settings(max_examples=max(3, settings.default.max_examples // 8))  # ci: 3 examples of up to ~50 rows each
 @given(tables=_random_tables())
 def test_every_input_row_is_either_valid_or_rejected_exactly_once(
     spark: SparkSession, tables: dict[str, list[Record]]
