@@ -274,10 +274,11 @@ def bad_reports(
     from_stored = ~is_new & ~null("report_seq")
     np.maximum.at(newest, copy[from_stored], seq[from_stored])
     stale = seq <= newest[copy]  # never true for a copy without a stored report (its newest is the minimum)
+    alive_set, running_set = set(alive or ()), set(running or ())
     not_alive = np.zeros(n, dtype=bool) if alive is None else node_ok & ~_per_code(
-        node_code, [name in set(alive) for name in node_names])
+        node_code, [name in alive_set for name in node_names])
     not_running = np.zeros(n, dtype=bool) if running is None else group_ok & ~_per_code(
-        group_code, [name in set(running) for name in group_names])
+        group_code, [name in running_set for name in group_names])
     bad = broken | (is_new & (stale | not_alive | not_running))
 
     # Rules across rows, on the rows that share a key (copy and report_seq) or a copy with another row only.
