@@ -31,9 +31,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from rebalancer.affinity.ideal import ideal_assignment_of
-from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.config import AffinitySettings, GenerateSettings
-from rebalancer.groups import GroupSettings
 from rebalancer.tables import CACHE_GROUPS, NODES, PARTITION_REPORTS, TOPOLOGY_EVENTS
 from rebalancer.vocabulary import AFFINITIES
 
@@ -139,16 +137,13 @@ def generate_cluster(
         ("topology_events", event_rows, TOPOLOGY_EVENTS))}
     nodes_df, groups_df, events_df = (spark.createDataFrame(rows, schema) for rows, schema in (
         (node_rows, NODES), (group_rows, CACHE_GROUPS), (event_rows, TOPOLOGY_EVENTS)))
-    # The ideal assignment ranks over the rows built here: no Spark job to collect them back.
-    node_set = NodeSet.from_rows(dimensions["nodes"].to_pylist())
-    group_settings = sorted((GroupSettings.from_row(r) for r in dimensions["cache_groups"].to_pylist()),
-                            key=lambda g: g.name)
 
     mean_entries = settings.avg_partition_bytes // settings.avg_entry_bytes
     size = F.floor(F.lit(mean_entries) * (F.lit(0.5) + _unit_interval(seed, "size"))).cast("long")
     counter = (F.col("size") + F.floor(F.col("size") * F.lit(0.25) * _unit_interval(seed, "counter"))).cast("long")
     reports_df = (
-        ideal_assignment_of(spark, node_set, group_settings, affinity)
+        # ranked over the rows built here: no Spark job to collect them back
+        ideal_assignment_of(spark, dimensions["nodes"].to_pylist(), dimensions["cache_groups"].to_pylist(), affinity)
         .withColumn("state", F.lit("OWNING"))
         .withColumn("size", size)
         .withColumn("update_counter", counter)
@@ -161,7 +156,5 @@ def generate_cluster(
 
 
 def _arrow(rows: list[tuple[Any, ...]], schema: StructType) -> pa.Table:
-    arrow_schema = to_arrow_schema(schema, timezone="UTC")
-    columns = list(zip(*rows, strict=True)) if rows else [()] * len(arrow_schema)
-    return pa.table([pa.array([list(v.items()) if isinstance(v, dict) else v for v in column], type=field.type)
-                     for column, field in zip(columns, arrow_schema, strict=True)], schema=arrow_schema)
+    return pa.Table.from_pylist([dict(zip(schema.fieldNames(), row, strict=True)) for row in rows],
+                                schema=to_arrow_schema(schema, timezone="UTC"))

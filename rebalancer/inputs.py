@@ -47,7 +47,7 @@ from rebalancer.vocabulary import COPY_KEY, LATE_AFFINITY_SWITCH, NONE
 
 __all__ = [
     "Committed", "Inputs", "Reports", "Run", "cluster_columns", "cluster_of", "last_committed",
-    "latest_version", "read_as_consumed", "read_inputs", "read_run",
+    "latest_version", "local_verdict", "read_as_consumed", "read_inputs", "read_run",
     "record_rejections", "validate_reports",
 ]
 
@@ -239,7 +239,7 @@ def read_inputs(
     new_reports, versions["partition_reports"] = warehouse.changes_arrow(
         "partition_reports", reports_since, max_rows=LOCAL_REPORTS
     )
-    verdict = _local_verdict(small)
+    verdict = local_verdict(small)
     if verdict is not None:  # every row is valid: no Spark job (the usual case)
         valid_small = {name: _spec(name, table) for name, table in small.items()}
         rejected_all = REJECTED_ARROW.empty_table()
@@ -306,7 +306,7 @@ LOCAL_REPORTS = 5_000_000
 REJECTED_ARROW = to_arrow_schema(REJECTED_ROWS, timezone="UTC")
 
 
-def _local_verdict(small: Mapping[str, pa.Table]) -> References | None:
+def local_verdict(small: Mapping[str, pa.Table]) -> References | None:
     """The reference facts when every row of the small tables is valid (judged on the driver), else None."""
     if not all(spec_typed(name, table) for name, table in small.items()):
         return None

@@ -17,6 +17,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from rebalancer.config import Settings
 from rebalancer.generate import GeneratedCluster, generate_cluster
 from rebalancer.inputs import latest_version as latest_committed_version
+from rebalancer.inputs import local_verdict
 from rebalancer.pipeline import VERSIONED_TABLES
 from rebalancer.producers import AppendedEvent, EventError, append_event, check_event
 from rebalancer.stages import paths
@@ -24,7 +25,7 @@ from rebalancer.stages.meter import Meter
 from rebalancer.storage import Warehouse
 from rebalancer.tables import INPUT_TABLES, OUTPUT_TABLES, SCHEMAS
 from rebalancer.validation import validate_inputs
-from rebalancer.validation_local import bad_reports, bad_small_tables, spec_typed
+from rebalancer.validation_local import bad_reports, spec_typed
 
 __all__ = [
     "AppendedEvent",
@@ -127,12 +128,11 @@ def validate_warehouse(warehouse: Warehouse, exchange_id: int | None = None, str
 
 def _valid_on_driver(warehouse: Warehouse) -> bool:
     """Whether every row of the input tables is valid by the driver's verdicts (tables of the SPEC types only)."""
-    tables = {name: warehouse.read_arrow(name) for name in INPUT_TABLES}
-    if not all(spec_typed(name, table) for name, table in tables.items()):
-        return False
-    bad, references = bad_small_tables({name: tables[name] for name in ("cache_groups", "nodes", "topology_events")})
-    return not any(b.any() for b in bad.values()) and not bad_reports(tables["partition_reports"], None,
-                                                                      references).any()
+    reports = warehouse.read_arrow("partition_reports")
+    references = local_verdict({name: warehouse.read_arrow(name) for name in ("cache_groups", "nodes",
+                                                                              "topology_events")})
+    return references is not None and spec_typed("partition_reports", reports) and not bad_reports(
+        reports, None, references).any()
 
 
 def export_affinity(warehouse: Warehouse, version: tuple[int, int] | None = None) -> dict[str, object]:

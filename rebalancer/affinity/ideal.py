@@ -23,7 +23,8 @@ driver.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -58,16 +59,22 @@ _ARROW_SCHEMA = pa.schema(
 )
 
 
-def _collect_inputs(nodes_df: DataFrame, groups_df: DataFrame) -> tuple[NodeSet, list[GroupSettings]]:
-    """The two small dimension tables, on the driver (the only collect of this stage)."""
+def _collect_inputs(nodes_df: DataFrame, groups_df: DataFrame) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The two small dimension tables' rows, on the driver (the only collect of this stage)."""
     node_cols = ["node_id", "node_uuid", "node_order", "host", "attributes", "capacity"]
     server_rows = (
         nodes_df.where(~F.coalesce(F.col("is_client"), F.lit(False))).select(*node_cols).collect()
     )
-    nodes = NodeSet.from_rows([r.asDict() for r in server_rows])
     group_cols = ["group_name", "partitions", "backups", "mode", "affinity", "exclude_neighbors", "backup_filter"]
-    groups = [GroupSettings.from_row(r.asDict()) for r in groups_df.select(*group_cols).collect()]
-    groups.sort(key=lambda g: g.name)
+    return [r.asDict() for r in server_rows], [r.asDict() for r in groups_df.select(*group_cols).collect()]
+
+
+def _dimensions(
+    node_rows: Iterable[Mapping[str, Any]], group_rows: Iterable[Mapping[str, Any]]
+) -> tuple[NodeSet, list[GroupSettings]]:
+    """The servers and the groups (sorted by name, each once) of ``nodes`` and ``cache_groups`` rows."""
+    nodes = NodeSet.from_rows(node_rows)
+    groups = sorted((GroupSettings.from_row(r) for r in group_rows), key=lambda g: g.name)
     for first, second in zip(groups, groups[1:], strict=False):
         if first.name == second.name:
             raise InvalidGroupSettingsError(f"cache group {first.name!r} appears more than once")
@@ -133,9 +140,11 @@ def ideal_assignment(nodes_df: DataFrame, groups_df: DataFrame, settings: Affini
 
 
 def ideal_assignment_of(
-    spark: SparkSession, nodes: NodeSet, all_groups: list[GroupSettings], settings: AffinitySettings
+    spark: SparkSession, node_rows: Iterable[Mapping[str, Any]], group_rows: Iterable[Mapping[str, Any]],
+    settings: AffinitySettings,
 ) -> DataFrame:
-    """:func:`ideal_assignment` of nodes and groups already on the driver (``all_groups`` sorted by name)."""
+    """:func:`ideal_assignment` of ``nodes`` and ``cache_groups`` rows already on the driver (same errors)."""
+    nodes, all_groups = _dimensions(node_rows, group_rows)
     groups = [g for g in all_groups if g.affinity != BALANCED]
     balanced = [g for g in all_groups if g.affinity == BALANCED]
     total = sum(g.partitions for g in groups)
