@@ -100,7 +100,9 @@ ignite-slow: $(STAMP)
 # two kernel paths, the longest story (a join, its moving backup, then the switch: 104 s here) runs on the driver
 # path only. About 27 minutes on 2 cores, machine idle, before the contract through Delta moved to Connect's tier
 # (2026-11-28: the slow tests 6.7, the tier 9.7, the previous format 1.9, the contract through Delta 4.5, the
-# formats through Delta 3.8): Delta runs its own Spark jobs for every commit.
+# formats through Delta 3.8): Delta runs its own Spark jobs for every commit. Rows built on the driver are committed
+# by delta-rs there (storage.driver_writer, docs/STORAGE.md); the last line runs the storage contract once more with
+# Delta committing them, as it does without the driver writer.
 DELTA_SPARK_TIER := tests/test_storage.py tests/test_exchange_job.py tests/test_exchange_events.py \
 	tests/test_incremental_inputs.py tests/test_bad_input.py \
 	tests/test_delta_spark.py::test_a_warehouse_crossing_engines_rs_spark_rs_commits_what_one_engine_commits \
@@ -127,6 +129,8 @@ storage-slow: $(STAMP)
 	REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q -m slow $(UPGRADE_CONTINUED_ON_DELTA_SPARK) --durations=5
 	REBALANCER_TEST_ENGINE=delta-spark REBALANCER_TEST_DRIVER_READER=off $(PY) -m pytest -q $(XDIST) \
 		tests/upgrade/test_upgrade.py -k "reconstructed or dry_run" --durations=5
+	REBALANCER_TEST_ENGINE=delta-spark REBALANCER_TEST_DRIVER_WRITER=off $(PY) -m pytest -q $(XDIST) \
+		tests/test_storage.py --durations=5
 
 # The exchange scenarios once more under Spark Connect (spark.api.mode=connect: a local Connect server, the
 # suite's session a Connect client, as on Databricks serverless). CI runs it. Each test worker's local server

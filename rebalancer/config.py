@@ -40,6 +40,7 @@ class StorageSettings(_Strict):
     commit_retries: int = Field(5, ge=0, le=100)
     concurrent_commits: int = Field(4, ge=1, le=64)
     driver_reader: bool = True
+    driver_writer: bool = True
 
 
 class SparkSettings(_Strict):

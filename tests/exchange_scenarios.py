@@ -18,7 +18,7 @@ from rebalancer.pipeline import ExchangeSummary, run_exchange
 from rebalancer.stages import paths
 from rebalancer.storage import Warehouse, open_warehouse
 from rebalancer.tables import CACHE_GROUPS, NODES, PARTITION_REPORTS, TOPOLOGY_EVENTS
-from tests.conftest import TEST_DRIVER_READER
+from tests.conftest import TEST_STORAGE
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -37,7 +37,7 @@ class Cluster:
 
     @classmethod
     def create(cls, spark: SparkSession, path: Path, **overrides: dict[str, Any]) -> Cluster:
-        settings = Settings().with_overrides(storage={"warehouse": str(path), "driver_reader": TEST_DRIVER_READER},
+        settings = Settings().with_overrides(storage={"warehouse": str(path), **TEST_STORAGE},
                                              **overrides)
         warehouse = open_warehouse(spark, settings.storage)
         warehouse.create_tables()

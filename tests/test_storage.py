@@ -80,7 +80,7 @@ from rebalancer.storage.driver_reader import file_may_match
 from rebalancer.storage.engine import delta_classes_available, engine_reason, probe_delta_format
 from rebalancer.storage.schemas import can_store
 from rebalancer.storage.sql import merge_condition, sql_literal, where_sql
-from tests.conftest import TEST_API_MODE, TEST_DRIVER_READER, TEST_ENGINE, delta_rs_only
+from tests.conftest import TEST_API_MODE, TEST_DRIVER_READER, TEST_ENGINE, TEST_STORAGE, delta_rs_only
 
 UTC = dt.UTC
 needs_driver_reader = pytest.mark.skipif(
@@ -95,10 +95,11 @@ TOPOLOGY_KEYS = ["topology_major", "topology_minor", "node_id"]
 # ---------------------------------------------------------------- helpers
 
 
-def _open(spark: SparkSession, root: Path, retries: int = 5) -> Warehouse:
-    """The suite's engine (tests/conftest.py: delta-rs, or delta-spark under REBALANCER_TEST_ENGINE)."""
+def _open(spark: SparkSession, root: Path, retries: int = 5, **storage: bool) -> Warehouse:
+    """The suite's engine (tests/conftest.py: delta-rs, or delta-spark under REBALANCER_TEST_ENGINE), with the
+    suite's storage settings unless ``storage`` overrides them."""
     wh = open_warehouse(spark, StorageSettings(engine="auto", commit_retries=retries,
-                                               driver_reader=TEST_DRIVER_READER), root)
+                                               **{**TEST_STORAGE, **storage}), root)
     assert wh.engine == TEST_ENGINE
     return wh
 
@@ -690,7 +691,7 @@ def test_delta_spark_commits_prepared_ahead_run_their_write_alone(spark: SparkSe
     the state of a snapshot nobody commits from). Same rows either way."""
     if TEST_API_MODE == "connect":
         pytest.skip("job groups are a classic-session notion; Connect has tags")
-    wh = _open(spark, warehouse_dir)
+    wh = _open(spark, warehouse_dir, driver_writer=False)  # Delta's own commits of driver rows
     others = ["ideal_assignment", "partition_map"]  # prepared before topology: the thread reaches it late
     wh.create_tables(["topology", "lost_partitions", *others])
     for name in others:  # a table with rows: one job for its state (two for a table only created)
@@ -739,7 +740,7 @@ def test_delta_spark_commits_driver_rows_from_a_sibling_session_with_interpreted
     spark.sql(f"CREATE SCHEMA {schema} LOCATION '{warehouse_dir.parent / 'schema'}'")
     spark.catalog.setCurrentDatabase(schema)  # the caller's USE: a one-part catalog_prefix resolves there
     try:
-        wh = _open(spark, warehouse_dir)
+        wh = _open(spark, warehouse_dir, driver_writer=False)  # Delta's own commits of driver rows
         small = wh._frame(_topology(spark, 1, ["a"]).toArrow(), "topology").sparkSession
         assert spark.conf.get(factory) == "FALLBACK"
         assert small.catalog.currentDatabase() == schema
@@ -829,6 +830,68 @@ def test_delta_spark_reads_through_delta_a_table_delta_rs_cannot_read(
     assert sorted(r.id for r in wh.read("site_nodes").collect()) == [1, 3]
     assert sorted(wh.read_arrow("site_nodes").column("id").to_pylist()) == [1, 3]
     assert wh.table_version("site_nodes") == 2
+
+
+@pytest.mark.skipif(TEST_ENGINE != "delta-spark", reason="about the delta-spark engine's driver writer")
+@needs_driver_reader
+def test_delta_spark_commits_driver_rows_through_delta_rs_and_delta_writes_after_them(
+    spark: SparkSession, warehouse_dir: Path
+) -> None:
+    """With the driver writer (storage.driver_writer, the default), rows built on the driver are committed by
+    delta-rs without a Spark job; Delta reads them, and a write by Delta to the same table (rows Spark computed)
+    follows them as it follows its own. Without it, the same rows are committed by Delta."""
+    if TEST_API_MODE == "connect":
+        pytest.skip("job groups are a classic-session notion; Connect has tags")
+    wh = _open(spark, warehouse_dir, driver_writer=True)
+    wh.create_tables(["topology"])
+    a, bc, d = (_topology(spark, major, nodes).toArrow() for major, nodes in [(1, ["a"]), (2, ["b", "c"]), (2, ["d"])])
+    e_and_a = _topology(spark, 3, ["e"]).unionByName(_topology(spark, 1, ["a"])).toArrow()
+    sc = spark.sparkContext
+    group = f"driver-writer-{uuid.uuid4().hex}"
+    sc.setJobGroup(group, "test")
+    try:
+        wh.append_arrow("topology", a)
+        wh.replace_where_arrow("topology", bc, {"topology_major": 2})
+        wh.replace_where_arrow("topology", d, {"topology_major": 2})
+        wh.insert_absent_arrow("topology", e_and_a, TOPOLOGY_KEYS)
+        jobs = len(sc.statusTracker().getJobIdsForGroup(group))
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    assert jobs == 0
+    wh.replace_where("topology", _topology(spark, 4, ["f"]), {"topology_major": 4})  # Delta's commit
+    wh.replace_where_arrow("topology", _topology(spark, 1, ["g"]).toArrow(), {"topology_major": 1})
+    through_delta = spark.read.format("delta").load(wh.path_of("topology"))
+    assert sorted((r.topology_major, r.node_id) for r in through_delta.collect()) == [
+        (1, "g"), (2, "d"), (3, "e"), (4, "f")]
+    newest, before = DeltaTable(wh.path_of("topology")).history()[:2]
+    assert str(newest.get("clientVersion")).startswith("delta-rs")  # the driver writer's commit
+    assert "Apache-Spark" in str(before.get("engineInfo"))  # Delta's, before it
+    protocol = DeltaTable(wh.path_of("topology")).protocol()
+    assert (protocol.min_reader_version, protocol.min_writer_version) == (1, 2)
+
+    by_delta = _open(spark, warehouse_dir.parent / "by-delta", driver_writer=False)
+    by_delta.create_tables(["topology"])
+    by_delta.replace_where_arrow("topology", _topology(spark, 1, ["a"]).toArrow(), {"topology_major": 1})
+    assert "Spark" in str(DeltaTable(by_delta.path_of("topology")).history()[0].get("engineInfo"))
+
+
+@pytest.mark.skipif(TEST_ENGINE != "delta-spark", reason="about the delta-spark engine's driver writer")
+@needs_driver_reader
+def test_delta_spark_commits_through_delta_the_driver_rows_of_a_table_delta_rs_cannot_write(
+    spark: SparkSession, warehouse_dir: Path
+) -> None:
+    # A table with deletion vectors (made outside rebalancer): delta-rs refuses to write it before it writes a
+    # file, and Delta commits the driver's rows instead.
+    wh = _open(spark, warehouse_dir, driver_writer=True)
+    path = wh.path_of("topology")
+    columns = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in tables.TOPOLOGY.fields)
+    spark.sql(f"CREATE TABLE delta.`{path}` ({columns}) USING DELTA "
+              "TBLPROPERTIES ('delta.enableDeletionVectors' = true)")
+    wh.append_arrow("topology", _topology(spark, 1, ["a", "b"]).toArrow())
+    wh.replace_where_arrow("topology", _topology(spark, 2, ["c"]).toArrow(), {"topology_major": 2})
+    assert sorted((r.topology_major, r.node_id) for r in wh.read("topology").collect()) == [(1, "a"), (1, "b"),
+                                                                                           (2, "c")]
+    assert {h["operation"] for h in spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()} >= {"WRITE"}
 
 
 @pytest.mark.skipif(TEST_ENGINE != "delta-spark", reason="about the delta-spark engine's VACUUM settings")

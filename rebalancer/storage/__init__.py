@@ -54,6 +54,7 @@ def _open_delta_spark(spark: SparkSession, settings: StorageSettings, location: 
     return DeltaSparkWarehouse(
         spark, location, catalog_prefix=settings.catalog_prefix, commit_retries=settings.commit_retries,
         concurrent_commits=settings.concurrent_commits, driver_reader=settings.driver_reader,
+        driver_writer=settings.driver_writer,
     )
 
 

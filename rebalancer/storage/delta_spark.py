@@ -4,12 +4,16 @@ Used when ``io.delta.tables.DeltaTable`` is loadable (see :mod:`rebalancer.stora
 warehouse directory or URI (``delta.`<dir>/<name>```), or, with ``storage.catalog_prefix = "catalog.schema"``, are
 catalog tables ``catalog.schema.<name>`` (Unity Catalog).
 
-Every write is one Delta commit made by Delta itself: ``append``; ``replace_where`` as an overwrite with the
-``replaceWhere`` option (atomic, and Delta checks that every new row satisfies the predicate), or, on a warehouse in
-a local directory whose log shows no row of the ``where`` yet, as a guarded append (two Spark jobs instead of four;
-see ``_commit_guarded``); ``merge`` as SQL ``MERGE INTO`` (when matched update all, when not matched insert all).
+Every write is one Delta commit. Rows Spark computes are committed by Delta itself: ``append``; ``replace_where``
+as an overwrite with the ``replaceWhere`` option (atomic, and Delta checks that every new row satisfies the
+predicate), or, on a warehouse in a local directory whose log shows no row of the ``where`` yet, as a guarded append
+(two Spark jobs instead of four; see ``_commit_guarded``); ``merge`` as SQL ``MERGE INTO`` (when matched update
+all, when not matched insert all).
 On a local directory the driver reader (:class:`~rebalancer.storage.driver_reader.DriverReader`, delta-rs) reads
-the log on the driver: table versions, file lists for reads, small tables.
+the log on the driver: table versions, file lists for reads, small tables; and the driver writer (the delta-rs
+engine's own writes) commits the rows built on the driver, as ``append_arrow``, ``replace_where_arrow`` and
+``insert_absent_arrow`` give them: one Parquet file written by pyarrow and one commit, no Spark job
+(``storage.driver_writer``; see ``_driver_writer``).
 Delta raises its ``ConcurrentModificationException`` family when a commit loses a race; the write is then re-run
 from the start, up to ``storage.commit_retries`` times. Tables are created at protocol 1/2 and without deletion
 vectors (by delta-rs on the driver in a local directory, else by ``CREATE TABLE ... USING DELTA``), so the same
@@ -72,6 +76,7 @@ from rebalancer.storage.sql import (
 )
 
 if TYPE_CHECKING:  # imported when first used: deltalake loads only for a warehouse in a local directory
+    from rebalancer.storage.delta_rs import DeltaRsWarehouse
     from rebalancer.storage.driver_reader import DriverReader
 
 T = TypeVar("T")
@@ -238,6 +243,8 @@ class DeltaSparkWarehouse(Warehouse):
         concurrent_commits: how many independent commits run at once.
         driver_reader: on a warehouse in a local directory, read small tables and the log on the driver through
             delta-rs (False: everything through Delta, as for catalog tables and remote storage).
+        driver_writer: with the driver reader, commit rows built on the driver through delta-rs (False: every
+            commit made by Delta).
     """
 
     engine = DELTA_SPARK
@@ -251,10 +258,12 @@ class DeltaSparkWarehouse(Warehouse):
         commit_retries: int = 5,
         concurrent_commits: int = 1,
         driver_reader: bool = True,
+        driver_writer: bool = True,
     ) -> None:
         super().__init__(spark, commit_retries=commit_retries, concurrent_commits=concurrent_commits)
         self.catalog_prefix = catalog_prefix
         self.use_driver_reader = driver_reader
+        self.use_driver_writer = driver_writer
         # Tables named to commits_ahead whose state is not being computed yet (nor their commit started).
         self._ahead: set[str] = set()
         self._ahead_lock = threading.Lock()
@@ -365,6 +374,33 @@ class DeltaSparkWarehouse(Warehouse):
             _log.debug("small work runs in the caller's session: %s", exc)
             return self.spark
         return session
+
+    @functools.cached_property
+    def _driver_writer(self) -> DeltaRsWarehouse | None:
+        """A warehouse in a local directory, with the driver reader: rows already on the driver are committed by
+        delta-rs, exactly as the delta-rs engine commits them (one Parquet file written by pyarrow, one commit;
+        rewrites carry the application transaction ``rebalancer:<name>`` that Delta's guarded commits here carry,
+        so the two writers' rewrites of one table conflict as two of either would). Handing such rows to Spark
+        costs a conversion into the JVM, Spark's Parquet encoder and Delta's statistics: 393,216 rows of
+        ``partition_map`` took 3.8-6.5 s there against 0.2 s (docs/STORAGE.md). Rows Spark computes stay with
+        Delta. None without a driver reader, or with ``storage.driver_writer = false``."""
+        if not self.use_driver_writer or self._driver_reader is None:
+            return None
+        from rebalancer.storage.delta_rs import DeltaRsWarehouse
+
+        return DeltaRsWarehouse(self.spark, self._driver_reader.root, commit_retries=self.commit_retries)
+
+    def _write_on_driver(self, write: Callable[[DeltaRsWarehouse], None]) -> bool:
+        """``write`` through the driver writer. False without one, or when delta-rs cannot write the table (a
+        table feature it cannot honour: it refuses before it writes a file), which Delta then writes."""
+        writer = self._driver_writer
+        if writer is None:
+            return False
+        try:
+            write(writer)
+        except UnsupportedTableError:
+            return False
+        return True
 
     def _driver_rows_session(self, rows: int) -> SparkSession:
         """The small session for up to :data:`SMALL_SESSION_ROWS` rows (their commit runs interpreted:
@@ -521,11 +557,18 @@ class DeltaSparkWarehouse(Warehouse):
             is_conflict=is_delta_conflict,
         )
 
+    def append_arrow(self, name: str, rows: pa.Table) -> None:
+        if not self._write_on_driver(lambda writer: writer.append_arrow(name, rows)):
+            super().append_arrow(name, rows)
+
     def replace_where_arrow(self, name: str, rows: pa.Table, where: Mapping[str, WhereValue]) -> None:
-        """No rows for a ``where`` no data file may hold (the log's statistics, read on the driver) leave the table
-        as it is: no commit (Delta's would be two Spark jobs that add and remove nothing; an exchange's tables of
-        conflicts and losses are mostly empty). A rival that commits rows there before our ``exchanges`` row is no
-        different from one that rewrites the table after our commit: the last writer's rows stand."""
+        """The driver writer's, when there is one. Else: no rows for a ``where`` no data file may hold (the log's
+        statistics, read on the driver) leave the table as it is: no commit (Delta's would be two Spark jobs that
+        add and remove nothing; an exchange's tables of conflicts and losses are mostly empty). A rival that
+        commits rows there before our ``exchanges`` row is no different from one that rewrites the table after our
+        commit: the last writer's rows stand."""
+        if self._write_on_driver(lambda writer: writer.replace_where_arrow(name, rows, where)):
+            return
         if rows.num_rows == 0 and where:
             where_predicate(where, self._stored(name)[0], name)  # a where naming no column fails, rows or not
             target = self._on_driver(lambda d: d.rewrite_target(name, where))
@@ -602,7 +645,14 @@ class DeltaSparkWarehouse(Warehouse):
         it for ``names``, in order, while the caller computes the rows: those jobs overlap the caller's, and a commit
         made from that snapshot finds its state ready (one whose table changed meanwhile computes its own, as
         without). A commit that starts while its table's state is being computed waits for it (Delta computes it
-        once per snapshot). The jobs run in the caller's job group, so they are counted with its work."""
+        once per snapshot). The jobs run in the caller's job group, so they are counted with its work.
+
+        Nothing to prepare with a driver writer: the rows of an exchange decided on the driver are committed by
+        delta-rs, and the Spark path's (more than ``stages.paths.DRIVER_KERNEL_REPLICAS`` replicas) compute the
+        state at their commit, a small share of such an exchange."""
+        if self._driver_writer is not None:
+            yield
+            return
         from pyspark import inheritable_thread_target  # the thread gets the caller's job group and description
 
         stop = threading.Event()
@@ -637,7 +687,10 @@ class DeltaSparkWarehouse(Warehouse):
 
     def insert_absent_arrow(self, name: str, rows: pa.Table, keys: Sequence[str]) -> None:
         """As on delta-rs: the keys already stored are read on the driver and the rest appended as a guarded rewrite
-        (two Spark jobs; Delta's insert-only MERGE, used without a driver reader, runs five)."""
+        (two Spark jobs; Delta's insert-only MERGE, used without a driver reader, runs five); by the driver
+        writer when there is one (no Spark job)."""
+        if self._write_on_driver(lambda writer: writer.insert_absent_arrow(name, rows, keys)):
+            return
         reader = self._driver_reader
         if reader is None:
             super().insert_absent_arrow(name, rows, keys)

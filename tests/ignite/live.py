@@ -13,7 +13,7 @@ from rebalancer.inputs import latest_version
 from rebalancer.pipeline import ExchangeSummary, run_exchange
 from rebalancer.storage import Warehouse, open_warehouse
 from rebalancer.tables import version_where
-from tests.conftest import TEST_DRIVER_READER
+from tests.conftest import TEST_STORAGE
 from tests.ignite.cluster import CONTROL_MAIN, IgniteCluster
 
 # Copy states the comparison reads on both sides: an EVICTED copy is gone (Ignite keeps some in its map, the
@@ -31,7 +31,7 @@ def settings_for(cluster: IgniteCluster, folder: Path, **sections: dict[str, Any
     host, port = cluster.host_port()
     ignite = {"host": host, "port": port, "control": control_prefix(cluster), "client_timeout_s": 20.0}
     sections = {**sections, "ignite": ignite | sections.get("ignite", {})}
-    return Settings().with_overrides(storage={"warehouse": str(folder), "driver_reader": TEST_DRIVER_READER},
+    return Settings().with_overrides(storage={"warehouse": str(folder), **TEST_STORAGE},
                                      **sections)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from rebalancer.config import Settings
 from rebalancer.storage import open_warehouse
 from rebalancer.storage.base import Warehouse
-from tests.conftest import TEST_DRIVER_READER
+from tests.conftest import TEST_STORAGE
 from tests.kafka.cluster import KafkaCluster
 
 
@@ -116,7 +116,7 @@ def wait_fenced(cluster: KafkaCluster, broker: int) -> None:
 
 def warehouse(spark: Any, folder: Path) -> tuple[Warehouse, Settings]:
     settings = Settings().with_overrides(
-        storage={"warehouse": str(folder), "driver_reader": TEST_DRIVER_READER},
+        storage={"warehouse": str(folder), **TEST_STORAGE},
         kafka={"poll_interval_s": 0.3, "execute_timeout_s": 180.0, "client_timeout_s": 10.0},
         migration={"max_parallel_per_node": 2},
     )

@@ -35,7 +35,7 @@ from rebalancer.storage import Warehouse, open_warehouse
 from rebalancer.tables import INPUT_TABLES, SCHEMAS
 from rebalancer.twin.simulate import simulate
 from rebalancer.upgrade import Change, consumed_versions, upgrade
-from tests.conftest import TEST_DRIVER_READER, TEST_ENGINE
+from tests.conftest import TEST_ENGINE, TEST_STORAGE
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 BUILT = sorted(int(p.stem.split("-")[1]) for p in FIXTURES.glob("format-*.json"))
@@ -59,8 +59,7 @@ def unpack(fmt: int, into: Path) -> Path:
 
 
 def settings_for(path: Path, engine: str = TEST_ENGINE) -> Settings:
-    return Settings().with_overrides(storage={"warehouse": str(path), "engine": engine,
-                                              "driver_reader": TEST_DRIVER_READER})
+    return Settings().with_overrides(storage={"warehouse": str(path), "engine": engine, **TEST_STORAGE})
 
 
 def open_at(spark: Any, path: Path, engine: str = TEST_ENGINE) -> Warehouse:
