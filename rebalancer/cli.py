@@ -28,6 +28,7 @@ from typing import Annotated, Any
 
 import typer
 
+from rebalancer import tables
 from rebalancer.config import load_settings
 from rebalancer.console import (
     RowFormat,
@@ -184,7 +185,8 @@ def sql(
 ) -> None:
     """Run a Spark SQL query over the warehouse tables and print the result."""
     state = _state(ctx)
-    state.warehouse.register_views()
+    named = tables.named_in(query)  # a view per table the query names: each costs a read of the table's log
+    state.warehouse.register_views(None if named is None else [n for n in named if state.warehouse.exists(n)])
     df = state.spark.sql(query)
     print_rows(df.columns, [tuple(r) for r in df.limit(limit + 1).collect()], limit, row_format)
 

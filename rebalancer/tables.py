@@ -7,6 +7,8 @@ declares its output as one of them.
 
 from __future__ import annotations
 
+import re
+
 from pyspark.sql.types import (
     ArrayType,
     BooleanType,
@@ -32,6 +34,7 @@ __all__ = [
     "SCHEMAS",
     "VERSION_COLUMNS",
     "WAREHOUSE_FORMAT",
+    "named_in",
     "schema_of",
     "version_where",
 ]
@@ -287,3 +290,13 @@ def schema_of(name: str) -> StructType:
         return SCHEMAS[name]
     except KeyError:
         raise KeyError(f"unknown table {name!r}; known tables: {', '.join(sorted(SCHEMAS))}") from None
+
+
+def named_in(query: str) -> list[str] | None:
+    """The tables of the contract a SQL text names, as whole words in any case (a name inside a string literal or
+    a comment counts too: a view too many costs little, a view too few fails the query). None for a ``SHOW``
+    statement (``SHOW TABLES`` lists every view): all of them."""
+    if re.match(r"\s*show\b", query, re.IGNORECASE):
+        return None
+    words = {w.lower() for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", query)}
+    return [name for name in SCHEMAS if name in words]

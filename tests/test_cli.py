@@ -8,6 +8,7 @@ from typing import Any
 import deltalake
 import pytest
 
+from rebalancer import tables
 from rebalancer.cli import main
 from rebalancer.tables import SCHEMAS
 
@@ -35,6 +36,15 @@ def test_init_generate_sql_counts_256_reports(spark: Any, tmp_path: Path, capsys
     for name, schema in SCHEMAS.items():
         table = deltalake.DeltaTable(str(tmp_path / "w" / name))
         assert [f.name for f in table.schema().fields] == schema.fieldNames(), name
+
+
+def test_sql_registers_a_view_for_each_table_its_query_names_and_every_view_for_show() -> None:
+    # each view costs a read of its table's log (18 of them made a `SELECT 1` process slower than an L exchange)
+    assert tables.named_in("SELECT 1") == []
+    assert tables.named_in("select p.node_id from PARTITION_MAP p join `nodes` n using (node_id) -- migration_plan") \
+        == ["nodes", "partition_map", "migration_plan"]  # in the contract's order; a comment's name counts too
+    assert tables.named_in("SELECT * FROM partition_maps") == []  # whole words only
+    assert tables.named_in("  show tables") is None  # every view
 
 
 def test_event_appends_with_next_seq_and_adds_a_new_node(spark: Any, tmp_path: Path, capsys: Any) -> None:
