@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install compiled scheduler-slow demo test test-all interop interop-slow kafka-slow ignite-slow storage-slow connect-slow cluster-slow bench-interop soak lint bench bench-quick clean
+.PHONY: install compiled scheduler-slow demo test test-all interop interop-slow kafka-slow ignite-slow storage-slow connect-slow cluster-slow spark-slow bench-interop soak lint bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.11 not found (tried python3.11, python3)"; exit 1; }
@@ -149,6 +149,13 @@ connect-slow: $(STAMP)
 # with every stage on its Spark path commits there what local[2] commits, on both engines, and the CLI's commands end
 # without an error line, a failed one with its one sentence (tests/test_spark_cluster.py). CI runs it: about 5 minutes
 # here (4m46s, 2026-11-28).
+# Tests kept out of `make test`'s 10-minute budget, CI runs them: the property tests of Spark's validator (against the
+# model of the rules, and against the driver's rules; Spark plans the validator for seconds per example) and the
+# walkthrough notebook (a Jupyter kernel with its own Spark session). About 2.5 minutes here.
+spark-slow: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m slow tests/test_validation.py tests/test_validation_local.py tests/test_notebook.py \
+		--durations=5
+
 cluster-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow tests/test_spark_cluster.py --durations=5
 

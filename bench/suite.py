@@ -74,10 +74,10 @@ from bench.repo import git  # noqa: E402
 RESULTS = REPO / "bench" / "results"
 BEFORE = RESULTS / "before-kernel.json"
 NOTES = RESULTS / "targets-notes.md"
-# Sections measured outside this suite, kept as Markdown and appended to the page as they are (bench/schedule.py,
-# bench/what_if.py, bench/retention.py, bench/exchange.py on both engines).
-HAND_SECTIONS = (RESULTS / "schedule-section.md", RESULTS / "what-if-section.md", RESULTS / "retention-section.md",
-                 RESULTS / "engines-section.md")
+# Sections measured outside this suite, kept as Markdown and appended to the page as they are (bench/scale.py,
+# bench/schedule.py, bench/what_if.py, bench/retention.py, bench/exchange.py on both engines).
+HAND_SECTIONS = (RESULTS / "scale-section.md", RESULTS / "schedule-section.md", RESULTS / "what-if-section.md",
+                 RESULTS / "retention-section.md", RESULTS / "engines-section.md")
 DOC = REPO / "docs" / "BENCHMARKS.md"
 IMAGES = REPO / "docs" / "images"
 TIME_PLOT = "bench-time-vs-replicas.png"

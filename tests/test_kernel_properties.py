@@ -51,7 +51,7 @@ from rebalancer.groups import GroupSettings
 from rebalancer.planning.plan import finish_plan
 from rebalancer.vocabulary import IGNORE, LOST, MOVING, OWNING, READ_ONLY_SAFE, READ_WRITE_SAFE, RENTING
 
-EXAMPLES = int(os.environ.get("KERNEL_EXAMPLES", "500" if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci"
+EXAMPLES = int(os.environ.get("KERNEL_EXAMPLES", "300" if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci"
                               else "5000"))
 NODES = [f"n{i}" for i in range(1, 7)]
 POLICIES = (READ_WRITE_SAFE, READ_ONLY_SAFE, IGNORE)

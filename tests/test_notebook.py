@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "rebalance_walkthrough.ipynb"
 
 
+@pytest.mark.slow  # a Jupyter kernel and its own Spark session, about a minute: `make spark-slow` (CI)
 def test_walkthrough_notebook_runs_and_ends_stable(tmp_path: Path, monkeypatch: Any) -> None:
     nb = nbformat.read(NOTEBOOK, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit the notebook cleared"

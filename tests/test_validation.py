@@ -1121,6 +1121,7 @@ def _random_tables(draw: st.DrawFn) -> dict[str, list[Record]]:
     }  # fmt: skip
 
 
+@pytest.mark.slow  # about a minute: `make spark-slow` (CI); the catalogue above holds Spark's validator to every rule
 @settings(max_examples=max(3, settings.default.max_examples // 8))  # ci: 3 examples of up to ~50 rows each
 @given(tables=_random_tables())
 def test_every_input_row_is_either_valid_or_rejected_exactly_once(

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 from pyspark.sql import SparkSession
@@ -126,6 +127,7 @@ def _tables(data: dict[str, Any]) -> tuple[dict[str, pa.Table], pa.Table, pa.Tab
                                                                                        data["stored"])
 
 
+@pytest.mark.slow  # Spark's validator plans for seconds per example: `make spark-slow` (CI)
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(data=dirty_inputs())
 def test_the_driver_and_spark_reject_the_same_rows(spark: SparkSession, data: dict[str, Any]) -> None:
