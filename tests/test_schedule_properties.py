@@ -33,7 +33,7 @@ from bench.plans import random_plan
 from rebalancer.planning.schedule import POLICIES, CostModel, lower_bound, makespan, schedule
 
 EXAMPLES = int(os.environ.get("SCHEDULE_EXAMPLES",
-                              "3000" if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "soak" else "300"))
+                              "3000" if os.environ.get("HYPOTHESIS_PROFILE", "ci") == "soak" else "200"))
 EPS = 1e-6
 
 

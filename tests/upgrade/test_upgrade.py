@@ -42,7 +42,7 @@ BUILT = sorted(int(p.stem.split("-")[1]) for p in FIXTURES.glob("format-*.json")
 PREVIOUS = CURRENT_FORMAT - 1
 # `make test` continues the first format (every kind of change, every fill); CI's storage tier continues them all,
 # on delta-rs and on delta-spark (20-50 s each here on delta-rs: the replay is five exchange runs).
-CONTINUED = [f if f == 1 else pytest.param(f, marks=pytest.mark.slow) for f in BUILT]
+CONTINUED = [pytest.param(f, marks=pytest.mark.slow) for f in BUILT]  # about a minute each: make storage-slow (CI)
 # Columns that hold the clock, the run's own measurements or Delta versions (which differ between two warehouses
 # holding the same rows): not part of what an exchange decides.
 UNCOMPARED = {"started_at", "finished_at", "stage_seconds", "spark_jobs", "stage_jobs", "input_versions"}
