@@ -107,9 +107,12 @@ ignite-slow: $(JARS)
 # path only. About 27 minutes on 2 cores, machine idle, before the contract through Delta moved to Connect's tier
 # (2026-11-28: the slow tests 6.7, the tier 9.7, the previous format 1.9, the contract through Delta 4.5, the
 # formats through Delta 3.8): Delta runs its own Spark jobs for every commit. Rows built on the driver are committed
-# by delta-rs there (storage.driver_writer, docs/STORAGE.md); the last line runs the storage contract once more with
-# Delta committing them, as it does without the driver writer.
-DELTA_SPARK_TIER := tests/test_storage.py tests/test_exchange_job.py tests/test_exchange_events.py \
+# by delta-rs there (storage.driver_writer, docs/STORAGE.md): the storage contract runs in the last line, with Delta
+# committing them as it does without the driver writer (with it, the contract's writes of driver rows are the delta-rs
+# engine's, which `make test` runs); the tier runs the driver writer's own tests.
+DELTA_SPARK_TIER := tests/test_exchange_job.py tests/test_exchange_events.py \
+	"tests/test_storage.py::test_delta_spark_commits_driver_rows_through_delta_rs_and_delta_writes_after_them" \
+	"tests/test_storage.py::test_delta_spark_commits_through_delta_the_driver_rows_of_a_table_delta_rs_cannot_write" \
 	tests/test_incremental_inputs.py tests/test_bad_input.py \
 	tests/test_delta_spark.py::test_a_warehouse_crossing_engines_rs_spark_rs_commits_what_one_engine_commits \
 	tests/test_generate.py::test_generating_into_a_used_warehouse_replaces_its_inputs_and_empties_its_outputs \
