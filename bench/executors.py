@@ -3,7 +3,7 @@
 Above the driver-path sizes (``rebalancer/stages/paths.py``: 5,000,000 replicas) an exchange runs its kernel, its
 scope and its selections as Spark jobs. This measures that path on a real multi-process Spark here: the same
 warehouse (the suite's L cluster by default: 100 nodes x 64 groups x 1,024 partitions, 2 backups; generated and
-first exchanged by the CLI on the driver path, untimed), then ``--runs`` times: restore it, ``node50`` fails, and
+first exchanged by the CLI on the driver path, untimed), then ``--runs`` times: restore it, a node fails, and
 ``run_exchange`` with every driver-path threshold at 0 (as tests/cluster_story.py does), timed with its stage
 seconds and Spark jobs. Each master runs in a process of its own (a fresh JVM, its session warmed by one untimed
 run): ``local[2]`` for reference, then ``local-cluster[E,1,2048]`` for each ``--executors`` E (a standalone master
@@ -38,7 +38,7 @@ CONF = REPO / "bench" / "conf" / "delta-rs.toml"
 SPARK_PATHS = ("DRIVER_KERNEL_REPLICAS", "DRIVER_COPIES", "DRIVER_RANKINGS", "KEYS_AS_LITERALS")
 
 
-def worker(master: str, pristine: Path, runs: int, out: Path) -> None:
+def worker(master: str, pristine: Path, runs: int, out: Path, node: str) -> None:
     """In a fresh process: one untimed run to warm the session, then ``runs`` timed failure exchanges."""
     from rebalancer.config import Settings, SparkSettings
     from rebalancer.pipeline import run_exchange
@@ -58,7 +58,7 @@ def worker(master: str, pristine: Path, runs: int, out: Path) -> None:
             shutil.copytree(pristine, warehouse)
             settings = Settings().with_overrides(storage={"warehouse": str(warehouse), "engine": "delta-rs"})
             wh = open_warehouse(spark, settings.storage)
-            append_event(spark, wh, "NODE_FAILED", node_id="node50")
+            append_event(spark, wh, "NODE_FAILED", node_id=node)
             t0 = time.perf_counter()
             [summary] = run_exchange(spark, wh, settings)
             seconds = time.perf_counter() - t0
@@ -78,13 +78,15 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=64)
     parser.add_argument("--partitions", type=int, default=1024, help="per group")
     parser.add_argument("--backups", type=int, default=2)
+    parser.add_argument("--node", default=None, help="the node that fails (default: node<nodes/2>)")
     parser.add_argument("--executors", default="1,2")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "executors.json")
     parser.add_argument("--worker", nargs=3, metavar=("MASTER", "PRISTINE", "OUT"), default=None)
     args = parser.parse_args()
+    node = args.node or f"node{args.nodes // 2}"
     if args.worker:
-        worker(args.worker[0], Path(args.worker[1]), args.runs, Path(args.worker[2]))
+        worker(args.worker[0], Path(args.worker[1]), args.runs, Path(args.worker[2]), node)
         return
     masters = ["local[2]", *(f"local-cluster[{int(e)},1,2048]" for e in args.executors.split(","))]
     results: dict[str, Any] = {
@@ -102,12 +104,12 @@ def main() -> None:
         for master in masters:
             out = Path(tmp) / "out.json"
             print(f"{master} ...", flush=True)
-            subprocess.run([sys.executable, __file__, "--runs", str(args.runs), "--worker", master, str(pristine),
-                            str(out)], check=True, cwd=REPO)
+            subprocess.run([sys.executable, __file__, "--runs", str(args.runs), "--node", node, "--worker", master,
+                            str(pristine), str(out)], check=True, cwd=REPO)
             results["masters"].append(json.loads(out.read_text()))
     args.out.write_text(json.dumps(results, indent=1))
     stages = list(results["masters"][0]["runs"][0]["stages"])
-    print(f"{results['cluster']}, node50 fails, every stage on its Spark path; {results['date']} at "
+    print(f"{results['cluster']}, {node} fails, every stage on its Spark path; {results['date']} at "
           f"`{results['commit']}`, {results['cores']} cores. Median of {args.runs} runs, seconds.\n")
     print("| master | exchange | " + " | ".join(stages) + " | Spark jobs |")
     print("|---" * (len(stages) + 3) + "|")
