@@ -135,7 +135,7 @@ storage-slow: $(JARS)
 	$(PY) -m pytest -q -n 2 -m slow tests/test_delta_spark.py tests/upgrade --durations=5  # + every format continued
 	REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q $(XDIST) $(DELTA_SPARK_TIER) -k "$(DELTA_SPARK_TIER_SKIPS)" \
 		--durations=10
-	REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q -m slow $(UPGRADE_CONTINUED_ON_DELTA_SPARK) --durations=5
+	REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q -n 2 -m slow $(UPGRADE_CONTINUED_ON_DELTA_SPARK) --durations=5
 	REBALANCER_TEST_ENGINE=delta-spark REBALANCER_TEST_DRIVER_READER=off $(PY) -m pytest -q $(XDIST) \
 		tests/upgrade/test_upgrade.py -k "reconstructed or dry_run" --durations=5
 	REBALANCER_TEST_ENGINE=delta-spark REBALANCER_TEST_DRIVER_WRITER=off $(PY) -m pytest -q $(XDIST) \
