@@ -33,8 +33,8 @@ TEST_API_MODE = os.environ.get("REBALANCER_TEST_API_MODE", "classic")
 # everything through Delta as on catalog tables and remote storage (Databricks' path).
 TEST_DRIVER_READER = os.environ.get("REBALANCER_TEST_DRIVER_READER", "on") != "off"
 # Whether delta-spark commits rows built on the driver through delta-rs (storage.driver_writer, with the driver
-# reader): on by default; CI runs the storage contract once more with REBALANCER_TEST_DRIVER_WRITER=off, every commit
-# made by Delta from the driver's rows (guarded appends, the small session).
+# reader): on by default; on delta-spark, CI runs the storage contract with REBALANCER_TEST_DRIVER_WRITER=off, every
+# commit made by Delta from the driver's rows (guarded appends, the small session).
 TEST_DRIVER_WRITER = TEST_DRIVER_READER and os.environ.get("REBALANCER_TEST_DRIVER_WRITER", "on") != "off"
 #: The storage settings every warehouse of the suite opens with (beside its directory and engine).
 TEST_STORAGE = {"driver_reader": TEST_DRIVER_READER, "driver_writer": TEST_DRIVER_WRITER}

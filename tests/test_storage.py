@@ -891,7 +891,9 @@ def test_delta_spark_commits_through_delta_the_driver_rows_of_a_table_delta_rs_c
     wh.replace_where_arrow("topology", _topology(spark, 2, ["c"]).toArrow(), {"topology_major": 2})
     assert sorted((r.topology_major, r.node_id) for r in wh.read("topology").collect()) == [(1, "a"), (1, "b"),
                                                                                            (2, "c")]
-    assert {h["operation"] for h in spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()} >= {"WRITE"}
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()
+    assert [h["operation"] for h in history[:2]] == ["WRITE", "WRITE"]  # newest first: both writes, then the create
+    assert all("Apache-Spark" in str(h["engineInfo"]) for h in history)  # every commit Delta's, none delta-rs's
 
 
 @pytest.mark.skipif(TEST_ENGINE != "delta-spark", reason="about the delta-spark engine's VACUUM settings")
