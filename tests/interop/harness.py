@@ -78,9 +78,23 @@ def classpath() -> str:
     return build_classpath(INTEROP)
 
 
+def worker_ports(low: int = PORT_LOW, high: int = PORT_HIGH) -> range:
+    """This test worker's own band of ``low..high``: pytest-xdist's workers get disjoint bands, so two clusters started
+    at once by two workers can never find each other (with one range for all, two Ignite clusters once did: a node
+    of one joined the other and was refused for its duplicate consistent id). The whole range outside xdist."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2:
+        return range(low, high)
+    band = (high - low) // count
+    start = low + int(worker[2:]) % count * band
+    return range(start, start + band)
+
+
 def free_base(span: int = PORT_SPAN) -> int:
-    """A port base whose ``span`` ports are all free on 127.0.0.1 (random start, so concurrent runs rarely collide)."""
-    bases = list(range(PORT_LOW, PORT_HIGH, span))
+    """A port base whose ``span`` ports are all free on 127.0.0.1, in this worker's band (:func:`worker_ports`;
+    random start, so concurrent runs of the suite rarely collide)."""
+    ports = worker_ports()
+    bases = list(range(ports.start, ports.stop - span + 1, span))
     random.shuffle(bases)
     for base in bases:
         try:
@@ -90,7 +104,7 @@ def free_base(span: int = PORT_SPAN) -> int:
         except OSError:
             continue
         return base
-    raise HarnessError(f"no free port range of {span} between {PORT_LOW} and {PORT_HIGH} on 127.0.0.1")
+    raise HarnessError(f"no free port range of {span} between {ports.start} and {ports.stop} on 127.0.0.1")
 
 
 def _jvm(main: str, script: dict[str, Any], workdir: Path, jvm_options: list[str], timeout_s: float) -> dict[str, Any]:
