@@ -92,8 +92,9 @@ kafka-slow: $(JARS)
 # Central into .cache/m2) collected through its public interfaces and exchanged, each step held against what Ignite
 # itself holds (docs/IGNITE.md; needs java and mvn). CI runs it; `make test` runs the pure collector tests. Then the
 # steady cluster and the persistent baseline once more on delta-spark (the collector's extra columns, its
-# upserts). Two test workers, each scenario its own cluster on ports of its own: the JVMs wait more than they
-# compute (110 s against 170 s one at a time, 2026-11-29). About 2.5 minutes on 2 cores.
+# upserts). Two test workers, each scenario its own cluster in its worker's own band of ports (tests/interop/harness.py:
+# with one range for both, two clusters once found each other): the JVMs wait more than they compute (110 s against
+# 170 s one at a time, 2026-11-29). About 2.5 minutes on 2 cores.
 ignite-slow: $(JARS)
 	$(PY) -m pytest -q -n 2 -m slow tests/ignite --durations=10
 	REBALANCER_TEST_ENGINE=delta-spark $(PY) -m pytest -q -m slow tests/ignite/test_ignite_live.py \

@@ -6,7 +6,7 @@ Contract:
     - :func:`classpath` builds ``interop/`` once per checkout (``mvn -o`` when the jars are cached in
       ``.cache/m2``, else online from Maven Central) under a file lock, so parallel test workers build once.
     - :func:`run_ignite` / :func:`run_hazelcast` write the script as JSON, run one JVM (loopback only, a free port
-      range picked here, far from Spark's ephemeral ports) and return the parsed JSON it dumped.
+      range picked here, below the ephemeral ports Spark's connections take) and return the parsed JSON it dumped.
     - :func:`once_per_session` runs such a JVM once per test session even when several xdist workers need its
       dump: the first computes it under a file lock in the session's shared temporary folder, the others read it.
 """
@@ -31,7 +31,9 @@ M2 = Path(os.environ.get("REBALANCER_INTEROP_M2", REPO / ".cache" / "m2"))
 IGNITE_MAIN = "rebalancer.interop.IgniteHarness"
 HAZELCAST_MAIN = "rebalancer.interop.HazelcastHarness"
 # Port ranges tried for the harness JVMs: discovery/member ports base..base+19, Ignite communication base+50..+69.
-PORT_LOW, PORT_HIGH, PORT_SPAN = 47500, 49400, 80
+# Below Linux's ephemeral ports (32768-60999): the outgoing connections of busy Spark processes beside the harness
+# (CI runs them side by side) take ephemeral ports at random, and once left no free range of 120 in 47500-48450.
+PORT_LOW, PORT_HIGH, PORT_SPAN = 20000, 32000, 80
 
 
 class HarnessError(RuntimeError):
