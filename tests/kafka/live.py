@@ -37,9 +37,14 @@ def create_topics(cluster: KafkaCluster, topics: dict[str, tuple[int, int]]) -> 
 def wait_until_in_sync(cluster: KafkaCluster, partitions: dict[str, int]) -> None:
     """Until each topic has its number of partitions, each with a leader and every replica in sync. A follower
     still catching up is not OWNING to the collector, and an exchange would rightly plan to copy to it."""
-    wait_until(lambda: all(len(v) == partitions[t] and all(r["leader"] >= 0 and set(r["isr"]) == set(r["replicas"])
-                                                           for r in v.values())
-                           for t, v in describe(cluster, list(partitions)).items()), 30, "every replica in sync")
+    def in_sync() -> bool:
+        now = describe(cluster, list(partitions))  # a topic Kafka answered with an error is left out: not in sync
+        return set(now) == set(partitions) and all(
+            len(v) == partitions[t]
+            and all(r["leader"] >= 0 and set(r["isr"]) == set(r["replicas"]) for r in v.values())
+            for t, v in now.items())
+
+    wait_until(in_sync, 30, "every replica in sync")
 
 
 def describe(cluster: KafkaCluster, topics: list[str] | None = None) -> dict[str, dict[int, dict[str, Any]]]:

@@ -9,6 +9,7 @@ delta-spark in `make storage-slow`.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tarfile
 from collections import Counter
@@ -40,9 +41,10 @@ from tests.conftest import TEST_ENGINE, TEST_STORAGE
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 BUILT = sorted(int(p.stem.split("-")[1]) for p in FIXTURES.glob("format-*.json"))
 PREVIOUS = CURRENT_FORMAT - 1
-# `make test` continues the first format (every kind of change, every fill); CI's storage tier continues them all,
-# on delta-rs and on delta-spark (20-50 s each here on delta-rs: the replay is five exchange runs).
-CONTINUED = [pytest.param(f, marks=pytest.mark.slow) for f in BUILT]  # about a minute each: make storage-slow (CI)
+# Each format's continuation is slow (20-50 s here on delta-rs: the replay is five exchange runs): CI's storage tier
+# continues the first (every kind of change, every fill) and the previous format on both engines (the Makefile's
+# CONTINUED_FORMATS names the previous one: move it with CURRENT_FORMAT), `make test-all` every format.
+CONTINUED = [pytest.param(f, marks=pytest.mark.slow) for f in BUILT]
 # Columns that hold the clock, the run's own measurements or Delta versions (which differ between two warehouses
 # holding the same rows): not part of what an exchange decides.
 UNCOMPARED = {"started_at", "finished_at", "stage_seconds", "spark_jobs", "stage_jobs", "input_versions"}
@@ -309,3 +311,11 @@ def test_an_upgrade_stopped_at_any_write_ends_like_one_that_was_not(spark: Any, 
     assert upgrade(wh, settings_for(path)).changes == ()
     for name, rows in expected.items():
         assert rows_of(wh, name) == rows, name
+
+
+def test_ci_continues_the_first_and_the_previous_format() -> None:
+    """The Makefile names the formats CI continues (CONTINUED_FORMATS, UPGRADE_CONTINUED_ON_DELTA_SPARK): a new
+    format must move them, or CI would stop continuing the previous one."""
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    named = {int(n) for n in re.findall(r"replayed\[(\d+)\]", makefile)}
+    assert named == {1, PREVIOUS}, f"the Makefile continues {sorted(named)}; CI should continue 1 and {PREVIOUS}"
