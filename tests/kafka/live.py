@@ -47,6 +47,14 @@ def wait_until_in_sync(cluster: KafkaCluster, partitions: dict[str, int]) -> Non
     wait_until(in_sync, 30, "every replica in sync")
 
 
+def wait_until_every_topic_in_sync(cluster: KafkaCluster) -> None:
+    """Until every partition of every topic on the cluster has a leader and every replica in sync: what a test that
+    collects a shared cluster whole waits for before it asserts an exchange moves nothing (another test's topic
+    still catching up is a copy to plan)."""
+    wait_until(lambda: all(r["leader"] >= 0 and set(r["isr"]) == set(r["replicas"])
+                           for v in describe(cluster).values() for r in v.values()), 30, "every topic in sync")
+
+
 def describe(cluster: KafkaCluster, topics: list[str] | None = None) -> dict[str, dict[int, dict[str, Any]]]:
     """topic -> partition -> {replicas, isr, leader} as the cluster says now."""
     client = admin(cluster)

@@ -32,6 +32,7 @@ from tests.kafka.live import (
     records,
     wait_fenced,
     wait_until,
+    wait_until_every_topic_in_sync,
     wait_until_in_sync,
     warehouse,
 )
@@ -110,6 +111,7 @@ def test_topics_created_and_grown_while_watched_are_adopted_too_and_nothing_is_r
     client.create_partitions({"grown-first": NewPartitions(total_count=8)})
     client.close()
     wait_until_in_sync(steady, {"grown-first": 8})
+    wait_until_every_topic_in_sync(steady)  # the cluster is shared: it is collected whole
     collect_cluster(wh, settings, steady.bootstrap)
     summaries = run_exchange(spark, wh, settings)
     assert summaries and all(s.migrations == 0 for s in summaries), [(s.exchange_type, s.migrations)
