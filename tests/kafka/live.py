@@ -34,25 +34,28 @@ def create_topics(cluster: KafkaCluster, topics: dict[str, tuple[int, int]]) -> 
     wait_until_in_sync(cluster, {name: partitions for name, (partitions, _) in topics.items()})
 
 
+def _in_sync(partition: dict[str, Any]) -> bool:
+    """A partition (as :func:`describe` gives it) with a leader and every replica in sync. A follower still
+    catching up is not OWNING to the collector, and an exchange would rightly plan to copy to it."""
+    return bool(partition["leader"] >= 0 and set(partition["isr"]) == set(partition["replicas"]))
+
+
 def wait_until_in_sync(cluster: KafkaCluster, partitions: dict[str, int]) -> None:
-    """Until each topic has its number of partitions, each with a leader and every replica in sync. A follower
-    still catching up is not OWNING to the collector, and an exchange would rightly plan to copy to it."""
+    """Until each topic has its number of partitions, each :func:`_in_sync`."""
     def in_sync() -> bool:
         now = describe(cluster, list(partitions))  # a topic Kafka answered with an error is left out: not in sync
         return set(now) == set(partitions) and all(
-            len(v) == partitions[t]
-            and all(r["leader"] >= 0 and set(r["isr"]) == set(r["replicas"]) for r in v.values())
-            for t, v in now.items())
+            len(v) == partitions[t] and all(map(_in_sync, v.values())) for t, v in now.items())
 
     wait_until(in_sync, 30, "every replica in sync")
 
 
 def wait_until_every_topic_in_sync(cluster: KafkaCluster) -> None:
-    """Until every partition of every topic on the cluster has a leader and every replica in sync: what a test that
-    collects a shared cluster whole waits for before it asserts an exchange moves nothing (another test's topic
-    still catching up is a copy to plan)."""
-    wait_until(lambda: all(r["leader"] >= 0 and set(r["isr"]) == set(r["replicas"])
-                           for v in describe(cluster).values() for r in v.values()), 30, "every topic in sync")
+    """Until every partition of every topic on the cluster is :func:`_in_sync`: what a test that collects a shared
+    cluster whole waits for before it asserts an exchange moves nothing (another test's topic still catching up is
+    a copy to plan)."""
+    wait_until(lambda: all(_in_sync(r) for v in describe(cluster).values() for r in v.values()), 30,
+               "every topic in sync")
 
 
 def describe(cluster: KafkaCluster, topics: list[str] | None = None) -> dict[str, dict[int, dict[str, Any]]]:
