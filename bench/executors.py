@@ -35,7 +35,7 @@ from bench.repo import git  # noqa: E402
 
 REBALANCER = str(Path(sys.executable).with_name("rebalancer"))
 CONF = REPO / "bench" / "conf" / "delta-rs.toml"
-SPARK_PATHS = ("DRIVER_KERNEL_REPLICAS", "DRIVER_COPIES", "DRIVER_RANKINGS", "KEYS_AS_LITERALS")
+SPARK_PATHS = ("DRIVER_RANKINGS", "KEYS_AS_LITERALS")  # and storage.driver_replicas = 0
 
 
 def worker(master: str, pristine: Path, runs: int, out: Path, node: str) -> None:
@@ -56,7 +56,8 @@ def worker(master: str, pristine: Path, runs: int, out: Path, node: str) -> None
             warehouse = pristine.parent / f"run-{i}"
             shutil.rmtree(warehouse, ignore_errors=True)
             shutil.copytree(pristine, warehouse)
-            settings = Settings().with_overrides(storage={"warehouse": str(warehouse), "engine": "delta-rs"})
+            settings = Settings().with_overrides(storage={"warehouse": str(warehouse), "engine": "delta-rs",
+                                                          "driver_replicas": 0})
             wh = open_warehouse(spark, settings.storage)
             append_event(spark, wh, "NODE_FAILED", node_id=node)
             t0 = time.perf_counter()

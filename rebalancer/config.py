@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -41,6 +41,8 @@ class StorageSettings(_Strict):
     concurrent_commits: int = Field(4, ge=1, le=64)
     driver_reader: bool = True
     driver_writer: bool = True
+    # A number of replicas, or auto: the storage module sizes it from the master and the machine's memory.
+    driver_replicas: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
 
 
 class SparkSettings(_Strict):

@@ -155,8 +155,9 @@ class Inputs:
         events: the valid new events not merged yet, by ``event_seq``.
         late: new valid events below the newest merged seq that no exchange merged: rejected as late.
         new_reports: the reports committed since the last consumed version (raw, Arrow), or None when there are
-            none or more than :data:`LOCAL_REPORTS` (then ``many_reports``).
-        many_reports: more new reports than :data:`LOCAL_REPORTS`: they are read and judged in Spark.
+            none or more than the warehouse's ``driver_replicas`` (then ``many_reports``).
+        many_reports: more new reports than the warehouse's ``driver_replicas``: they are read and judged in
+            Spark. XL's first exchange (786,432 new reports): 2.0 s on the driver, 118 s in Spark (docs/SCALING.md).
         versions: per input table, the Delta version read.
         rejected: the small tables' rows rejected by this run (``rejected_rows`` schema), to record.
     """
@@ -237,7 +238,7 @@ def read_inputs(
         small[name] = rows.append_column(ROW_COLUMN, pa.array(range(rows.num_rows), pa.int64()))
     reports_since = since.get("partition_reports")
     new_reports, versions["partition_reports"] = warehouse.changes_arrow(
-        "partition_reports", reports_since, max_rows=LOCAL_REPORTS
+        "partition_reports", reports_since, max_rows=warehouse.driver_replicas
     )
     verdict = local_verdict(small)
     if verdict is not None:  # every row is valid: no Spark job (the usual case)
@@ -300,9 +301,6 @@ def _taken_seqs(warehouse: Warehouse, reused: list[Event], consumed: int | None)
     return out
 
 
-#: New reports up to this many are judged on the driver (``rebalancer.validation_local``, NumPy over columns); more
-#: go to Spark. XL's first exchange (786,432 new reports): 2.0 s on the driver, 118 s in Spark (docs/SCALING.md).
-LOCAL_REPORTS = 5_000_000
 REJECTED_ARROW = to_arrow_schema(REJECTED_ROWS, timezone="UTC")
 
 

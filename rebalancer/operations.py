@@ -20,7 +20,6 @@ from rebalancer.inputs import latest_version as latest_committed_version
 from rebalancer.inputs import local_verdict
 from rebalancer.pipeline import VERSIONED_TABLES
 from rebalancer.producers import AppendedEvent, EventError, append_event, check_event
-from rebalancer.stages import paths
 from rebalancer.stages.meter import Meter
 from rebalancer.storage import Warehouse
 from rebalancer.tables import INPUT_TABLES, OUTPUT_TABLES, SCHEMAS
@@ -57,7 +56,7 @@ def load_generated_cluster(
     created = set(warehouse.create_tables())
     # A table created just now is already empty: spare it a commit.
     emptied_names = [name for name in OUTPUT_TABLES if name not in created]
-    if warehouse.reads_on_driver and rows_hint is not None and rows_hint <= paths.DRIVER_GENERATE_REPLICAS:
+    if warehouse.reads_on_driver and rows_hint is not None and rows_hint <= warehouse.driver_replicas:
         # Written from the driver: the reports collected as Arrow by one Spark job, everything else already there;
         # nothing to count back.
         arrow = {**cluster.dimensions, "partition_reports": cluster.partition_reports.toArrow()}

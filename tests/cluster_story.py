@@ -22,9 +22,10 @@ from rebalancer.storage import open_warehouse
 from rebalancer.what_if import what_if
 from tests.engine_scenario import committed_rows
 
-# Every threshold at 0: the kernel, the scope and the selections run as Spark jobs, so on a cluster their work runs
-# in the executors, as it does above the driver-path sizes (stages/paths.py).
-SPARK_PATHS = ("DRIVER_KERNEL_REPLICAS", "DRIVER_COPIES", "DRIVER_RANKINGS", "KEYS_AS_LITERALS")
+# Every limit at 0 (storage.driver_replicas and stages/paths.py): generate, the validation, the kernel, the scope
+# and the selections run as Spark jobs, so on a cluster their work runs in the executors, as it does above the
+# driver-path sizes.
+SPARK_PATHS = ("DRIVER_RANKINGS", "KEYS_AS_LITERALS")
 # what_if columns that depend on the run, not on the cluster.
 WHAT_IF_PER_RUN = ("run_id", "created_at")
 
@@ -34,7 +35,8 @@ def run(spark: Any, engine: str, warehouse: Path) -> dict[str, Any]:
     exchange; then what-if over every single node failure. The committed rows and the what-if rows."""
     for name in SPARK_PATHS:
         setattr(paths, name, 0)
-    settings = Settings().with_overrides(storage={"warehouse": str(warehouse), "engine": engine})
+    settings = Settings().with_overrides(storage={"warehouse": str(warehouse), "engine": engine,
+                                                  "driver_replicas": 0})
     wh = open_warehouse(spark, settings.storage)
     generate_into(spark, wh, settings, nodes=6, groups=2, partitions=64, backups=1, seed=5)
     summaries = [*run_exchange(spark, wh, settings)]

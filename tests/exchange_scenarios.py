@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -129,9 +130,22 @@ class Cluster:
         return {tuple(r) for r in df.select(*(columns or df.columns)).collect()}
 
 
-# The thresholds a test may lower to force the Spark paths (tests/test_exchange_job.py's ``unsettled_finder``):
-# a builder's exchanges ran under the values of its template, so they are part of its key.
-_PATH_THRESHOLDS = ("DRIVER_KERNEL_REPLICAS", "DRIVER_COPIES", "DRIVER_RANKINGS", "KEYS_AS_LITERALS")
+# The limits of ``stages.paths`` a test may lower to force the Spark paths (:func:`force_spark_paths`).
+_PATH_THRESHOLDS = ("DRIVER_RANKINGS", "KEYS_AS_LITERALS")
+
+
+def force_spark_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every stage of the exchanges of warehouses opened after this on its Spark path: the driver holds no
+    replicas (``Warehouse.driver_replicas``, patched on the class) and every limit of ``stages.paths`` is 0."""
+    monkeypatch.setattr(Warehouse, "driver_replicas", 0)
+    for name in _PATH_THRESHOLDS:
+        monkeypatch.setattr(paths, name, 0)
+
+
+def _path_limits() -> list[Any]:
+    """The limits under which a builder's exchanges run: part of its template's key."""
+    on_driver = vars(Warehouse)["driver_replicas"]
+    return [on_driver if isinstance(on_driver, int) else "auto", *(getattr(paths, n) for n in _PATH_THRESHOLDS)]
 
 
 def built_once(builder: Callable[..., Cluster]) -> Callable[..., Cluster]:
@@ -142,8 +156,7 @@ def built_once(builder: Callable[..., Cluster]) -> Callable[..., Cluster]:
 
     @functools.wraps(builder)
     def build(spark: SparkSession, path: Path, *args: Any, **kwargs: Any) -> Cluster:
-        thresholds = [getattr(paths, name) for name in _PATH_THRESHOLDS]
-        key = repr((args, sorted(kwargs.items()), thresholds))
+        key = repr((args, sorted(kwargs.items()), _path_limits()))
         if key not in templates:
             templates[key] = builder(spark, path.with_name(f"{path.name}-{builder.__name__}-template"), *args,
                                      **kwargs)

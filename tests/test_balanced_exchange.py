@@ -18,7 +18,7 @@ from rebalancer.client.affinity import (
     assign,
     place_balanced,
 )
-from tests.exchange_scenarios import Cluster
+from tests.exchange_scenarios import Cluster, force_spark_paths
 
 BALANCED_GROUPS = [GroupSettings("a", 48, 1), GroupSettings("b", 48, 1), GroupSettings("c", 20, 2)]
 SERVERS = [f"n{i}" for i in range(6)]
@@ -110,11 +110,8 @@ def _collected(c: Cluster, lists: dict[int, list[str]]) -> None:
 @pytest.mark.parametrize("path", ["driver", "spark"])
 def test_a_collected_cluster_is_adopted_as_it_is_and_a_skew_is_evened_by_the_next_exchange(
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str) -> None:
-    from rebalancer.stages import paths
-
     if path == "spark":
-        for threshold in ("DRIVER_KERNEL_REPLICAS", "DRIVER_COPIES", "DRIVER_RANKINGS", "KEYS_AS_LITERALS"):
-            monkeypatch.setattr(paths, threshold, 0)
+        force_spark_paths(monkeypatch)
     c = Cluster.create(spark, tmp_path / "w")
     c.group("k", 12, 1, affinity="balanced")
     c.join("1", "2", "3")

@@ -37,6 +37,8 @@ def test_partial_file_keeps_other_defaults(tmp_path: Path) -> None:
         ("[migration]\nmax_parallel_per_node = 0\n", "migration.max_parallel_per_node"),
         ("[nope]\nx = 1\n", "nope"),
         ('[storage]\ncatalog_prefix = "a.b.c"\n', "storage.catalog_prefix"),
+        ("[storage]\ndriver_replicas = -1\n", "storage.driver_replicas"),
+        ('[storage]\ndriver_replicas = "lots"\n', "storage.driver_replicas"),
     ],
 )
 def test_invalid_values_name_the_key(tmp_path: Path, text: str, expected: str) -> None:

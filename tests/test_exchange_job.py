@@ -15,10 +15,9 @@ import pytest
 
 from rebalancer.config import StorageSettings
 from rebalancer.pipeline import VERSIONED_TABLES
-from rebalancer.stages import paths
 from rebalancer.storage import open_warehouse
 from tests.conftest import TEST_API_MODE, TEST_ENGINE
-from tests.exchange_scenarios import Cluster, assert_table, built_once, run_together
+from tests.exchange_scenarios import Cluster, assert_table, built_once, force_spark_paths, run_together
 
 ASSIGNMENT = ["group_name", "partition_id", "replica_index", "node_id", "is_temporary"]
 MAP = ["group_name", "partition_id", "node_id", "state", "update_counter", "size"]
@@ -75,10 +74,7 @@ def unsettled_finder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
     decided on the driver, large ones in Spark: run the scenario both ways (thresholds 0 force the Spark jobs and
     the join)."""
     if request.param == "spark":
-        monkeypatch.setattr(paths, "DRIVER_KERNEL_REPLICAS", 0)
-        monkeypatch.setattr(paths, "DRIVER_COPIES", 0)
-        monkeypatch.setattr(paths, "DRIVER_RANKINGS", 0)
-        monkeypatch.setattr(paths, "KEYS_AS_LITERALS", 0)
+        force_spark_paths(monkeypatch)
     return str(request.param)
 
 

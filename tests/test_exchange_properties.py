@@ -47,7 +47,7 @@ temporary, all OWNING); an OWNING report that a version consumes (``report_seq``
 from an alive server shows as an OWNING (or RENTING) copy in that version's map.
 
 Every exchange the test runs itself (not the twin's) after the first is also run a second time on a copy of the
-warehouse with ``carry_settled=False`` and in Spark (``DRIVER_KERNEL_REPLICAS = 0``): carrying the settled
+warehouse with ``carry_settled=False`` and in Spark (``driver_replicas = 0``): carrying the settled
 partitions over (``rebalancer.pipeline``, docs/EXCHANGE.md "Settled partitions") and deciding these small clusters
 on the driver must give exactly the rows of recomputing every partition in Spark's ``mapInArrow``, in every
 versioned table.
@@ -74,7 +74,6 @@ from hypothesis import strategies as st
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.client.affinity import assign
 from rebalancer.pipeline import VERSIONED_TABLES
-from rebalancer.stages import paths
 from tests.exchange_scenarios import Cluster
 
 if os.environ.get("EXCHANGE_PROPERTY_EXAMPLES"):
@@ -226,11 +225,8 @@ def check_same_as_full_recomputation(c: Cluster, reference: Path, summaries: lis
     every new version.
     """
     full = Cluster.create(c.spark, reference)
-    on_driver, paths.DRIVER_KERNEL_REPLICAS = paths.DRIVER_KERNEL_REPLICAS, 0
-    try:
-        full_summaries = full.exchange(carry_settled=False)
-    finally:
-        paths.DRIVER_KERNEL_REPLICAS = on_driver
+    full.warehouse.driver_replicas = 0  # this warehouse's exchanges in Spark
+    full_summaries = full.exchange(carry_settled=False)
     counts = ("exchange_type", "topology_major", "topology_minor", "partitions", "lost_partitions",
               "moving_copies", "temporary_primaries", "counter_conflicts", "migrations", "bytes_to_move")
     assert [[getattr(s, n) for n in counts] for s in summaries] == [

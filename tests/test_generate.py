@@ -115,14 +115,12 @@ def test_generating_into_a_used_warehouse_replaces_its_inputs_and_empties_its_ou
 
 def test_a_cluster_written_from_the_driver_has_the_rows_spark_writes(
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Up to ``paths.DRIVER_GENERATE_REPLICAS`` the reports are collected once and everything is written from the
+    """Up to the warehouse's ``driver_replicas`` the reports are collected once and everything is written from the
     driver; beyond, Spark writes the frames: the same rows either way, and the same counts."""
-    from rebalancer.stages import paths
-
     written = {}
-    for name, threshold in (("driver", paths.DRIVER_GENERATE_REPLICAS), ("spark", 0)):
-        monkeypatch.setattr(paths, "DRIVER_GENERATE_REPLICAS", threshold)
-        settings = Settings().with_overrides(storage={"warehouse": str(tmp_path / name), "engine": "auto"})
+    for name, on_driver in (("driver", "auto"), ("spark", 0)):
+        settings = Settings().with_overrides(storage={"warehouse": str(tmp_path / name), "engine": "auto",
+                                                      "driver_replicas": on_driver})
         wh = open_warehouse(spark, settings.storage)
         counts = generate_into(spark, wh, settings, nodes=6, groups=2, partitions=32, backups=2, seed=4)
         assert counts == {"nodes": 6, "cache_groups": 2, "topology_events": 6, "partition_reports": 192}

@@ -126,7 +126,7 @@ def test_each_version_records_what_it_consumed_and_the_next_reads_only_what_came
     second = c.warehouse.read("exchanges").where(f"exchange_id = {s.exchange_id}").first().input_versions
     assert second["topology_events"] > first["topology_events"]
     assert second["partition_reports"] == first["partition_reports"]
-    # A cluster this small is decided on the driver (paths.DRIVER_KERNEL_REPLICAS): on delta-rs, which reads and
+    # A cluster this small is decided on the driver (storage.driver_replicas): on delta-rs, which reads and
     # writes there too, not one Spark job; delta-spark runs two of Delta's jobs per table it commits (its state, the
     # write: 11 tables; docs/STORAGE.md)
     if TEST_ENGINE == "delta-rs":

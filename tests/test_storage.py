@@ -66,6 +66,12 @@ from rebalancer.storage import (
     resolve_engine,
 )
 from rebalancer.storage import engine as engine_module
+from rebalancer.storage.base import (
+    CLUSTER_DRIVER_REPLICAS,
+    DRIVER_BYTES_PER_REPLICA,
+    machine_memory_bytes,
+    replicas_on_driver,
+)
 from rebalancer.storage.commits import retry_on_conflict
 from rebalancer.storage.delta_log import local_directory
 from rebalancer.storage.delta_spark import (
@@ -203,6 +209,26 @@ def test_sessions_rebalancer_builds_carry_delta_for_auto_and_the_cli_says_why_an
         "storage.engine = 'auto' and the Delta jars are not in the Spark session (none were fetched here: "
         "`python -m rebalancer.delta_jars` fetches them)"
     )
+
+
+def test_the_driver_holds_what_a_local_machine_s_memory_allows_and_a_cluster_s_driver_five_million() -> None:
+    gib = 1 << 30
+    # 24 GiB, a 4g heap and the 1 GiB left to the system: 19 GiB at 1,600 bytes a replica
+    assert replicas_on_driver("local[*]", "4g", 24 * gib) == 19 * gib // DRIVER_BYTES_PER_REPLICA == 12_750_684
+    assert replicas_on_driver("local", "4096m", 24 * gib) == replicas_on_driver("local[2]", "4g", 24 * gib)
+    assert replicas_on_driver("local[4,2]", "4G", 16 * gib) == 11 * gib // DRIVER_BYTES_PER_REPLICA
+    assert replicas_on_driver(" local[*] ", "1g", 2 * gib) == 0  # no memory left: every exchange in Spark
+    assert replicas_on_driver("local[*]", "not a size", 3 * gib) == gib // DRIVER_BYTES_PER_REPLICA  # Spark's 1g
+    for cluster in ("local-cluster[2,1,2048]", "spark://host:7077", "yarn", "k8s://https://api:443", ""):
+        assert replicas_on_driver(cluster, "64g", 512 * gib) == CLUSTER_DRIVER_REPLICAS
+    assert 0 < machine_memory_bytes() <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_the_driver_replicas_setting_reaches_the_warehouse(spark: SparkSession, warehouse_dir: Path) -> None:
+    assert open_warehouse(spark, StorageSettings(driver_replicas=7), warehouse_dir).driver_replicas == 7
+    auto = open_warehouse(spark, StorageSettings(), warehouse_dir).driver_replicas
+    master, memory = spark.conf.get("spark.master"), spark.conf.get("spark.driver.memory", "1g")
+    assert auto == replicas_on_driver(str(master), str(memory), machine_memory_bytes())
 
 
 @without_delta_jars

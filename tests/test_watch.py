@@ -14,7 +14,6 @@ import pyarrow as pa
 from rebalancer.config import Settings
 from rebalancer.operations import generate_into
 from rebalancer.pipeline import STAGES, Meter, run_exchange
-from rebalancer.stages import paths
 from rebalancer.storage import open_warehouse
 from rebalancer.what_if import what_if
 from tests.conftest import TEST_ENGINE
@@ -35,8 +34,9 @@ def _jobs(spark: Any) -> list[tuple[str | None, str | None]]:
 def test_every_spark_job_of_generate_an_exchange_and_a_what_if_is_labelled_with_its_stage(
     spark: Any, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr(paths, "DRIVER_KERNEL_REPLICAS", 0)  # the exchange on the Spark path: jobs to label
-    settings = Settings().with_overrides(storage={"warehouse": str(tmp_path / "w"), "engine": "delta-rs"})
+    # generate and the exchange on their Spark paths: jobs to label
+    settings = Settings().with_overrides(storage={"warehouse": str(tmp_path / "w"), "engine": "delta-rs",
+                                                  "driver_replicas": 0})
     wh = open_warehouse(spark, settings.storage)
     generate_into(spark, wh, settings, nodes=4, groups=1, partitions=16, backups=1, seed=1)
     run_exchange(spark, wh, settings)

@@ -164,10 +164,10 @@ class Rows(KernelRows[Frame]):
 
 def rows_for(spark: SparkSession, warehouse: Warehouse, previous: Previous, scope: Scope, sizes: Mapping[str, int],
              replicas: int, reports: Reports | None) -> Rows[Any]:
-    """Arrow on the driver for clusters up to ``paths.DRIVER_KERNEL_REPLICAS`` replicas when the warehouse reads
-    on the driver and the reports were judged there; Spark otherwise."""
-    if warehouse.reads_on_driver and replicas <= paths.DRIVER_KERNEL_REPLICAS and (reports is None
-                                                                              or reports.arrow is not None):
+    """Arrow on the driver for clusters up to ``warehouse.driver_replicas`` replicas when the warehouse reads on
+    the driver and the reports were judged there; Spark otherwise."""
+    if warehouse.reads_on_driver and replicas <= warehouse.driver_replicas and (reports is None
+                                                                           or reports.arrow is not None):
         return ArrowRows(previous, scope, sizes)
     return SparkRows(spark, previous, scope, sizes)
 

@@ -115,7 +115,7 @@ def decide_scope(spark: SparkSession, step: ExchangeStep, previous: Previous, fa
     # Small clusters answer on the driver (Arrow and the client's affinity): a Spark job costs more than the work.
     carried_partitions = sum(groups[g].partitions for g in carried)
     copies_on_driver = carried_partitions * (1 + max((groups[g].backups for g in carried), default=0)) \
-        <= paths.DRIVER_COPIES
+        <= previous.warehouse.driver_replicas
     ranks_on_driver = carried_partitions * len(servers_now) <= paths.DRIVER_RANKINGS
     if reports is not None:
         if reports.keys is not None:

@@ -54,7 +54,7 @@ def _open_delta_spark(spark: SparkSession, settings: StorageSettings, location: 
     return DeltaSparkWarehouse(
         spark, location, catalog_prefix=settings.catalog_prefix, commit_retries=settings.commit_retries,
         concurrent_commits=settings.concurrent_commits, driver_reader=settings.driver_reader,
-        driver_writer=settings.driver_writer,
+        driver_writer=settings.driver_writer, driver_replicas=settings.driver_replicas,
     )
 
 
@@ -62,7 +62,7 @@ def _open_delta_rs(spark: SparkSession, settings: StorageSettings, location: str
     from rebalancer.storage.delta_rs import DeltaRsWarehouse
 
     return DeltaRsWarehouse(spark, location, commit_retries=settings.commit_retries,
-                            concurrent_commits=settings.concurrent_commits)
+                            concurrent_commits=settings.concurrent_commits, driver_replicas=settings.driver_replicas)
 
 
 #: The storage engines by name, and how each opens its warehouse. An opener imports its engine's module when it is

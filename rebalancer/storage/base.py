@@ -5,8 +5,11 @@ from __future__ import annotations
 import abc
 import datetime as dt
 import functools
+import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -18,7 +21,10 @@ from rebalancer.storage.commits import commit_each
 from rebalancer.storage.keys import check_table_name
 from rebalancer.storage.sql import WhereValue
 
-__all__ = ["COMMIT_COLUMN", "TABLE_PROPERTIES", "TableChanges", "Warehouse"]
+__all__ = [
+    "CLUSTER_DRIVER_REPLICAS", "COMMIT_COLUMN", "DRIVER_BYTES_PER_REPLICA", "TABLE_PROPERTIES", "TableChanges",
+    "Warehouse", "machine_memory_bytes", "replicas_on_driver",
+]
 
 # Properties every table the engine creates carries: the lowest protocol every Delta reader understands, and no
 # deletion vectors (a delta-rs warehouse is read by Spark as plain parquet files, which would resurrect rows that a
@@ -31,6 +37,45 @@ TABLE_PROPERTIES: dict[str, str] = {
 
 #: The column :meth:`Warehouse.changes` adds to every new row: the Delta version of the commit that added it.
 COMMIT_COLUMN = "__rebalancer_commit"
+
+
+#: ``storage.driver_replicas = "auto"`` on a master that is not local (a cluster's driver, sized by its user; the
+#: executors take larger clusters): at XXL (2,801,664 replicas) the driver paths took 4.5 GB at most.
+CLUSTER_DRIVER_REPLICAS = 5_000_000
+#: The driver process's resident bytes per replica at its peak, the most measured on the driver paths: XXL's first
+#: exchange 4.5 GB for 2,801,664 replicas (1.6 KB); XXXL's 11.9 GB for 9,830,400 (1.2 KB; docs/SCALING.md).
+DRIVER_BYTES_PER_REPLICA = 1_600
+#: What ``storage.driver_replicas = "auto"`` leaves on a local machine to the system and other processes, besides
+#: the JVM's heap.
+_RESERVED_BYTES = 1 << 30
+_LOCAL_MASTER = re.compile(r"local(\[[^\]]*\])?")
+_JVM_SIZE = re.compile(r"([0-9]+)([kmgt]?)b?", re.IGNORECASE)
+
+
+def replicas_on_driver(master: str, driver_memory: str, machine_bytes: int) -> int:
+    """How many replicas ``storage.driver_replicas = "auto"`` decides on the driver.
+
+    On a local master (``local``, ``local[N]``, ``local[*]``; not ``local-cluster``, whose executors are JVMs of
+    their own) the Spark paths run on the same cores, so the driver is faster at every size measured; it is then
+    limited by memory: ``machine_bytes`` less the JVM's ``driver_memory`` (``4g``, Spark's notation) and 1 GiB, at
+    :data:`DRIVER_BYTES_PER_REPLICA`. On any other master :data:`CLUSTER_DRIVER_REPLICAS`.
+    """
+    if _LOCAL_MASTER.fullmatch(master.strip()) is None:
+        return CLUSTER_DRIVER_REPLICAS
+    size = _JVM_SIZE.fullmatch(driver_memory.strip())
+    heap = int(size.group(1)) << (10 * " kmgt".index(size.group(2).lower() or " ")) if size else 1 << 30
+    return max(0, (machine_bytes - heap - _RESERVED_BYTES) // DRIVER_BYTES_PER_REPLICA)
+
+
+def machine_memory_bytes() -> int:
+    """This machine's physical memory, or the memory limit of this process's container (cgroup v2 or v1) if lower."""
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for limit in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
+        try:
+            memory = min(memory, int(limit.read_text().strip()))
+        except (OSError, ValueError):  # absent, or "max": no limit
+            continue
+    return memory
 
 
 class TableChanges:
@@ -62,6 +107,8 @@ class Warehouse(abc.ABC):
         spark: the session used for reading and for writing data files.
         commit_retries: retries of a write whose commit lost a race with another writer.
         concurrent_commits: how many independent commits :meth:`replace_where_many` may make at once.
+        driver_replicas: ``storage.driver_replicas`` resolved (:func:`replicas_on_driver`) when first read: the
+            largest cluster (replicas) whose work runs on the driver when the warehouse :attr:`reads_on_driver`.
     """
 
     engine: str
@@ -73,15 +120,25 @@ class Warehouse(abc.ABC):
 
     @property
     def reads_on_driver(self) -> bool:
-        """Whether :meth:`read_arrow` reads on the driver, without a Spark job (the pipeline then decides small
-        exchanges there: ``stages.paths.DRIVER_KERNEL_REPLICAS``)."""
+        """Whether :meth:`read_arrow` reads on the driver, without a Spark job (the pipeline then decides exchanges
+        of up to :attr:`driver_replicas` replicas there)."""
         return False
 
-    def __init__(self, spark: SparkSession, *, commit_retries: int = 5, concurrent_commits: int = 1) -> None:
+    def __init__(self, spark: SparkSession, *, commit_retries: int = 5, concurrent_commits: int = 1,
+                 driver_replicas: int | str = "auto") -> None:
         self.spark = spark
         self.commit_retries = commit_retries
         self.concurrent_commits = concurrent_commits
+        self._driver_replicas_setting = driver_replicas
         self._views: set[str] = set()
+
+    @functools.cached_property
+    def driver_replicas(self) -> int:
+        if isinstance(self._driver_replicas_setting, int):
+            return self._driver_replicas_setting
+        conf = self.spark.conf
+        return replicas_on_driver(conf.get("spark.master", "") or "", conf.get("spark.driver.memory", "1g") or "1g",
+                                  machine_memory_bytes())
 
     # ---- tables ----
     @abc.abstractmethod

@@ -194,9 +194,11 @@ class DeltaRsWarehouse(Warehouse):
     engine = DELTA_RS
 
     def __init__(
-        self, spark: SparkSession, warehouse: str | Path, *, commit_retries: int = 5, concurrent_commits: int = 1
+        self, spark: SparkSession, warehouse: str | Path, *, commit_retries: int = 5, concurrent_commits: int = 1,
+        driver_replicas: int | str = "auto",
     ) -> None:
-        super().__init__(spark, commit_retries=commit_retries, concurrent_commits=concurrent_commits)
+        super().__init__(spark, commit_retries=commit_retries, concurrent_commits=concurrent_commits,
+                         driver_replicas=driver_replicas)
         self.root = local_root(warehouse)
         self.reader = DriverReader(spark, self.root)
 

@@ -259,8 +259,10 @@ class DeltaSparkWarehouse(Warehouse):
         concurrent_commits: int = 1,
         driver_reader: bool = True,
         driver_writer: bool = True,
+        driver_replicas: int | str = "auto",
     ) -> None:
-        super().__init__(spark, commit_retries=commit_retries, concurrent_commits=concurrent_commits)
+        super().__init__(spark, commit_retries=commit_retries, concurrent_commits=concurrent_commits,
+                         driver_replicas=driver_replicas)
         self.catalog_prefix = catalog_prefix
         self.use_driver_reader = driver_reader
         self.use_driver_writer = driver_writer
