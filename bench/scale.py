@@ -22,6 +22,10 @@ docs/BENCHMARKS.md; ``bench/suite.py --from-results`` puts it on the page). From
 
     .venv/bin/python bench/scale.py                       # everything (about 30 minutes here)
     .venv/bin/python bench/scale.py --only S,M --runs 1   # a smoke test
+    .venv/bin/python bench/scale.py --only XXXL --runs 1 --merge   # XXXL again, the other rows kept
+
+``--merge`` replaces only the rows it measured in ``--out``; each row keeps the commit and date it was measured
+on, and the page names every row measured apart from the header's run.
 """
 
 from __future__ import annotations
@@ -214,6 +218,10 @@ def section(results: dict[str, Any]) -> str:
         " whole `rebalancer` process, the median of the runs; `SELECT 1` is a `rebalancer sql \"SELECT 1\"` process"
         " on the same warehouse and engine, run after each timed command, and *x SELECT 1* divides by the median of"
         " those. Peak memory: the largest resident set of the command's Python process or its JVM.",
+        *(f"- {r['scenario']}, {r['engine']}: measured apart, on {r['date']} at `{r['commit']}` with"
+          f" `bench/scale.py --only {r['key']} --engines {r['engine']} --runs {len(r['runs'])} --merge`"
+          f" ({r['machine']})." for r in results["exchanges"]
+          if r.get("commit", results["commit"]) != results["commit"]),
         "",
         "| scenario | engine | replicas | generate | first exchange | change (median) | runs | SELECT 1 | change x"
         " SELECT 1 | peak MB (change) |",
@@ -293,6 +301,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS / "scale.json")
     parser.add_argument("--from-results", type=Path, default=None, help="only write the section from this file")
+    parser.add_argument("--merge", action="store_true",
+                        help="replace only the rows measured now in --out, keep its others (and its header)")
     args = parser.parse_args()
     if args.from_results:
         SECTION.write_text(section(json.loads(args.from_results.read_text())))
@@ -306,22 +316,33 @@ def main() -> None:
         "machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start",
         "exchanges": [], "demos": [],
     }
+    measured = {"date": results["date"], "commit": results["commit"], "machine": results["machine"]}
+    if args.merge:
+        kept = json.loads(args.out.read_text())
+        if "XXXL" in only:
+            kept.pop("xxxl_failed", None)
+        results = {
+            **kept,
+            "exchanges": [r for r in kept["exchanges"] if not (r["key"] in only and r["engine"] in engines)],
+            "demos": [d for d in kept["demos"] if not ("demo" in only and d["engine"] in engines)],
+        }
     with tempfile.TemporaryDirectory(prefix="rebalancer-scale-") as tmp:
         work = Path(tmp)
         for key in [k for k in SCENARIOS if k in only and k != "XXXL"]:
             for engine in engines:
                 print(f"{key} on {engine} ...", flush=True)
-                results["exchanges"].append(exchange_scenario(key, engine, args.runs, work))
+                results["exchanges"].append({**exchange_scenario(key, engine, args.runs, work), **measured})
                 args.out.write_text(json.dumps(results, indent=1))
         if "demo" in only:
             for engine in engines:
                 print(f"demo on {engine} ...", flush=True)
-                results["demos"].append(demo(engine, args.runs, work))
+                results["demos"].append({**demo(engine, args.runs, work), **measured})
                 args.out.write_text(json.dumps(results, indent=1))
         if "XXXL" in only:  # once, delta-rs; each command given three times the target before it is stopped
             print("XXXL on delta-rs ...", flush=True)
             try:
-                results["exchanges"].append(exchange_scenario("XXXL", "delta-rs", 1, work, timeout_s=900))
+                results["exchanges"].append({**exchange_scenario("XXXL", "delta-rs", 1, work, timeout_s=900),
+                                             **measured})
             except RuntimeError as exc:
                 print(f"  failed: {exc}", flush=True)
                 results["xxxl_failed"] = str(exc)[-2000:]

@@ -4,7 +4,7 @@
 byte. Nodes, groups and events are small (built on the driver, also as Arrow: ``GeneratedCluster.dimensions``);
 the partition reports, up to millions of rows, are built by Spark from the ideal assignment stage.
 ``rebalancer.operations.load_generated_cluster`` collects them once to write from the driver where the warehouse
-reads there and the cluster is within ``stages.paths.DRIVER_GENERATE_REPLICAS``; beyond, Spark writes them.
+reads there and the cluster is within the warehouse's ``driver_replicas``; beyond, Spark writes them.
 
 Shape of a generated cluster (the defaults in ``conf/default.toml`` ``[generate]``):
 - nodes ``node0 .. node{N-1}``, join order 1..N, ``nodes_per_host`` servers per host ``host{k}``, attributes

@@ -650,7 +650,7 @@ class DeltaSparkWarehouse(Warehouse):
         once per snapshot). The jobs run in the caller's job group, so they are counted with its work.
 
         Nothing to prepare with a driver writer: the rows of an exchange decided on the driver are committed by
-        delta-rs, and the Spark path's (more than ``stages.paths.DRIVER_KERNEL_REPLICAS`` replicas) compute the
+        delta-rs, and the Spark path's (more than ``driver_replicas`` replicas) compute the
         state at their commit, a small share of such an exchange."""
         if self._driver_writer is not None:
             yield
