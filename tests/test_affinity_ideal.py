@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pytest
 from chispa import assert_df_equality
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
 
+from rebalancer.affinity.assign import RankingMemo, assign_indexes
 from rebalancer.affinity.ideal import IDEAL_ASSIGNMENT_STAGE, ideal_assignment
+from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.affinity.rendezvous import weight
 from rebalancer.client.affinity import InvalidGroupSettingsError, assign
 from rebalancer.config import AffinitySettings
+from rebalancer.groups import GroupSettings
 from rebalancer.tables import CACHE_GROUPS, IDEAL_ASSIGNMENT, NODES, VERSION_COLUMNS
 
 UUID = "00000000-0000-0000-0000-00000000000{}".format
@@ -180,6 +185,36 @@ def test_spark_stage_and_pure_client_agree(
         for p, want in enumerate(expected):
             have = [n for _, n in sorted(spark_lists.get((name, p), []))]
             assert have == want, f"group {name} partition {p}: spark {have} client {want}"
+
+
+@given(
+    rows=cluster_rows(),
+    base=st.tuples(st.integers(0, 2), st.sampled_from(["rendezvous", "ignite"]),
+                   st.sampled_from(["PARTITIONED", "REPLICATED"]), st.booleans(), st.sampled_from([(), ("zone",)])),
+    order=st.randoms(use_true_random=False),
+    as_strings=st.booleans(),
+)
+def test_a_ranking_memo_answers_every_group_as_assign_indexes_does(
+    rows: list[dict[str, Any]], base: tuple[Any, ...], order: Any, as_strings: bool,
+) -> None:
+    """Groups whose settings place alike share one ranking (the first exchange of 256 equal groups ranks once):
+    every answer is still exactly assign_indexes' for that group, whatever was asked before it, and read-only.
+    Asked: a group, each of its variants that differs in one setting or in its partition ids, in any order."""
+    backups, affinity, mode, excl, names = base
+    g = GroupSettings(name="g", partitions=11, backups=backups, affinity=affinity, mode=mode, exclude_neighbors=excl,
+                      backup_filter=names)
+    variants = [g, replace(g, name="other", partitions=4), replace(g, backups=backups + 1),
+                replace(g, affinity="ignite" if affinity == "rendezvous" else "rendezvous"),
+                replace(g, mode="REPLICATED" if mode == "PARTITIONED" else "PARTITIONED"),
+                replace(g, exclude_neighbors=not excl), replace(g, backup_filter=() if names else ("zone",))]
+    asked = [(v, pids) for v in variants for pids in (np.arange(0, 6), np.arange(3, 9), np.arange(11))]
+    order.shuffle(asked)
+    nodes = NodeSet.from_rows([r for r in rows if not r["is_client"]])
+    memo = RankingMemo(nodes, as_strings)
+    for group, pids in asked:
+        got = memo(pids, group)
+        assert np.array_equal(got, assign_indexes(pids, nodes, group, as_strings)), (group, pids)
+        assert not got.flags.writeable
 
 
 @pytest.mark.parametrize("spread", [True, False])

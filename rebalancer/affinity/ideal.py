@@ -32,7 +32,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
-from rebalancer.affinity.assign import assign_indexes
+from rebalancer.affinity.assign import RankingMemo
 from rebalancer.affinity.balanced import PreviousPlacement, assign_balanced
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.config import AffinitySettings
@@ -91,6 +91,7 @@ def _rank_chunks(
     group_names = pa.array([g.name for g in groups], type=pa.string())
 
     def rank(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        ranking = RankingMemo(nodes, ids_as_strings)
         for batch in batches:
             for chunk in batch.column(0).to_numpy():
                 lo, hi = int(chunk) * chunk_rows, min(total, (int(chunk) + 1) * chunk_rows)
@@ -99,7 +100,7 @@ def _rank_chunks(
                     group = groups[g]
                     first = max(lo, int(offsets[g])) - int(offsets[g])
                     last = min(hi, int(offsets[g + 1])) - int(offsets[g])
-                    matrix = assign_indexes(np.arange(first, last), nodes, group, ids_as_strings)
+                    matrix = ranking(np.arange(first, last), group)
                     # Row-major nonzero keeps (partition, replica) order; -1 slots (unsatisfiable filter) drop out.
                     rows, replica = np.nonzero(matrix >= 0)
                     if rows.size:

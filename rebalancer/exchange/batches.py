@@ -6,13 +6,15 @@ shuffle by ``(group_name, partition_id)``, sorted within each task, so every par
 batches, so the last one waits for the next batch), and yields the decisions as one long table per buffer
 (:data:`OUTPUT_SCHEMA`): a ``kind`` column names the output table, the other columns are the union of the
 tables' columns. One ``SUMMARY`` row per buffer carries the counts the exchange needs without another Spark job.
+On the driver the decisions need no transport: :func:`decided_chunks` gives each buffer's tables and counts as they
+are, and :func:`total_counts` adds the counts up (as the pipeline does with the ``SUMMARY`` rows of every task).
 
 No Spark import: tests feed it batches directly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -22,7 +24,8 @@ import pyarrow.compute as pc
 from rebalancer.exchange.kernel import DECISION_SCHEMAS, REPORT, Decisions, KernelContext, decide
 from rebalancer.vocabulary import MOVING
 
-__all__ = ["KINDS", "OUTPUT_SCHEMA", "SUMMARY", "SUMMARY_COLUMNS", "decide_stream", "to_long"]
+__all__ = ["KINDS", "OUTPUT_SCHEMA", "SUMMARY", "SUMMARY_COLUMNS", "decide_stream", "decided_chunks", "to_long",
+           "total_counts"]
 
 #: Output kinds, one per decision table, and the per-buffer summary.
 KINDS: dict[str, int] = {name: i for i, name in enumerate(DECISION_SCHEMAS)}
@@ -93,6 +96,14 @@ def summarise(decisions: Decisions, consumed: pa.Table) -> dict[str, int]:
     }
 
 
+def total_counts(summaries: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """The :data:`SUMMARY_COLUMNS` counts of many buffers: summed, and the newest report seq (-1: none)."""
+    summaries = list(summaries)
+    counts = {c: sum(int(s[c] or 0) for s in summaries) for c in SUMMARY_COLUMNS if c != "max_report_seq"}
+    counts["max_report_seq"] = int(max(s["max_report_seq"] for s in summaries) or -1) if summaries else -1
+    return counts
+
+
 def decide_stream(
     batches: Iterable[pa.RecordBatch], ctx: KernelContext, buffer_rows: int = 500_000
 ) -> Iterator[pa.RecordBatch]:
@@ -106,6 +117,14 @@ def decide_stream(
     Yields:
         :data:`OUTPUT_SCHEMA` record batches.
     """
+    for decisions, summary in decided_chunks(batches, ctx, buffer_rows):
+        yield from to_long(decisions, summary).to_batches()
+
+
+def decided_chunks(
+    batches: Iterable[pa.RecordBatch], ctx: KernelContext, buffer_rows: int = 500_000
+) -> Iterator[tuple[Decisions, dict[str, int]]]:
+    """:func:`decide_stream`'s decisions before they are made one long table: each buffer's, with its counts."""
     pending: list[pa.RecordBatch] = []
     held = 0
     for batch in batches:
@@ -117,11 +136,11 @@ def decide_stream(
             table = pa.Table.from_batches(pending)
             cut = _last_partition_start(table)
             if cut > 0:
-                yield from _decided(table.slice(0, cut), ctx)
+                yield _decided(table.slice(0, cut), ctx)
                 rest = table.slice(cut)
                 pending, held = rest.to_batches(), rest.num_rows
     if held:
-        yield from _decided(pa.Table.from_batches(pending), ctx)
+        yield _decided(pa.Table.from_batches(pending), ctx)
 
 
 def _last_partition_start(table: pa.Table) -> int:
@@ -132,6 +151,6 @@ def _last_partition_start(table: pa.Table) -> int:
     return int(np.argmax(np.asarray(last.to_numpy(zero_copy_only=False), bool)))
 
 
-def _decided(table: pa.Table, ctx: KernelContext) -> Iterator[pa.RecordBatch]:
+def _decided(table: pa.Table, ctx: KernelContext) -> tuple[Decisions, dict[str, int]]:
     decisions = decide(table, ctx)
-    yield from to_long(decisions, summarise(decisions, table)).to_batches()
+    return decisions, summarise(decisions, table)

@@ -63,7 +63,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rebalancer.affinity.assign import assign_indexes
+from rebalancer.affinity.assign import RankingMemo
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.groups import GroupSettings
 from rebalancer.vocabulary import (
@@ -487,13 +487,13 @@ def _ideal(batch: _Batch, ctx: KernelContext) -> _Ideal:
     replicas: list[I64] = []
     nodes: list[I64] = []
     all_q = np.arange(batch.n, dtype=np.int64)
+    ranking = RankingMemo(ctx.nodes, ctx.ids_as_strings)
     for g, settings in enumerate(batch.settings):
         members = all_q[batch.group == g]
         if members.size == 0 or len(ctx.nodes) == 0:
             continue
         placed = ctx.placements.get(settings.name)
-        matrix = placed[batch.pid[members]] if placed is not None else assign_indexes(
-            batch.pid[members], ctx.nodes, settings, ctx.ids_as_strings)
+        matrix = placed[batch.pid[members]] if placed is not None else ranking(batch.pid[members], settings)
         row, col = np.nonzero(matrix >= 0)  # row-major: (partition, replica) order
         qs.append(members[row])
         replicas.append(col.astype(np.int64))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from rebalancer.affinity.assign import assign_indexes
+from rebalancer.affinity.assign import RankingMemo
 from rebalancer.affinity.balanced import PreviousPlacement, assign_balanced
 from rebalancer.affinity.ideal import previous_placement
 from rebalancer.affinity.nodeset import NodeSet
@@ -78,10 +78,10 @@ def place(step: ExchangeStep, previous: Previous, groups: Mapping[str, GroupSett
             placed_before.update((g, m.shape[0]) for g, m in before.matrices.items())
         placed = _balanced(members, nodes, settings.affinity.balanced_spread, before)
         if chosen != everyone:
+            ranking = RankingMemo(nodes, settings.affinity.ignite_ids_as_strings)
             for g, s in members.items():
                 if g not in placed:
-                    placed[g] = assign_indexes(np.arange(s.partitions), nodes, s,
-                                               settings.affinity.ignite_ids_as_strings)
+                    placed[g] = ranking(np.arange(s.partitions), s)
             if not chosen <= everyone:
                 listed.update((g, (tuple(nodes.node_ids), m)) for g, m in placed.items())
             placed = {g: placed_onto(m, nodes.node_ids, alive.node_ids) for g, m in placed.items()}

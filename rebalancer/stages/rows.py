@@ -31,7 +31,15 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type, to_arrow_schema
 
 from rebalancer.exchange import routing
-from rebalancer.exchange.batches import KINDS, OUTPUT_SCHEMA, SUMMARY, SUMMARY_COLUMNS, decide_stream
+from rebalancer.exchange.batches import (
+    KINDS,
+    OUTPUT_SCHEMA,
+    SUMMARY,
+    SUMMARY_COLUMNS,
+    decide_stream,
+    decided_chunks,
+    total_counts,
+)
 from rebalancer.exchange.kernel import (
     ASSIGNMENT,
     DECISION_SCHEMAS,
@@ -77,11 +85,14 @@ def arrow_schema(schema: Any) -> pa.Schema:
 
 @dataclass
 class Decided(Generic[Frame]):
-    """What the kernel decided: the long output (``frame``), its small tables and summary counts on the driver."""
+    """What the kernel decided: the rows of each large table (:data:`LARGE_TABLES`, in the table's columns
+    without the version columns), the small tables and the summary counts on the driver, and what the writes need
+    kept until :meth:`Rows.release` (Spark's cached long output)."""
 
-    frame: Frame
+    large: dict[str, Frame]
     small: dict[str, pa.Table]
     counts: dict[str, int]
+    kept: DataFrame | None = None
 
 
 class KernelRows(ABC, Generic[Frame]):
@@ -131,10 +142,6 @@ class Rows(KernelRows[Frame]):
     @abstractmethod
     def decide(self, parts: Sequence[Frame], ctx: KernelContext) -> Decided[Frame]:
         """The kernel over the tagged rows, partition by partition."""
-
-    @abstractmethod
-    def of_kind(self, decided: Decided[Frame], name: str) -> Frame:
-        """The decided rows of output table ``name``, in its columns (without the version columns)."""
 
     @abstractmethod
     def union(self, parts: Sequence[Frame], name: str) -> Frame:
@@ -193,7 +200,7 @@ def version_tables(rows: Rows[Frame], decided: Decided[Frame] | None, version: t
         list(rows.sizes))))
     out = {}
     for name in LARGE_TABLES:
-        parts = [rows.of_kind(decided, name)] if decided is not None else []
+        parts = [decided.large[name]] if decided is not None else []
         if carried:
             parts.append(rows.settled(rows.read(name)))
         out[name] = rows.versioned(rows.union(parts, name), name, version)
@@ -211,14 +218,8 @@ def split_small(collected: pa.Table) -> tuple[dict[str, pa.Table], dict[str, int
     for name in SMALL_KINDS:
         schema = DECISION_SCHEMAS[name]
         tables[name] = collected.filter(pc.equal(kinds, KINDS[name])).select(schema.names).cast(schema)
-    summaries = collected.filter(pc.equal(kinds, SUMMARY))
-    counts = {c: int(pc.sum(summaries.column(c)).as_py() or 0) for c in SUMMARY_COLUMNS if c != "max_report_seq"}
-    counts["max_report_seq"] = int(pc.max(summaries.column("max_report_seq")).as_py() or -1) if summaries.num_rows \
-        else -1
-    return tables, counts
-
-
-_SMALL_CODES = pa.array([KINDS[k] for k in SMALL_KINDS] + [SUMMARY], pa.int8())
+    summaries = collected.filter(pc.equal(kinds, SUMMARY)).select(list(SUMMARY_COLUMNS))
+    return tables, total_counts(summaries.to_pylist())
 
 
 # =====================================================================================================================
@@ -268,13 +269,18 @@ class ArrowRows(Rows[pa.Table]):
         return pa.Table.from_arrays(columns, schema=INPUT_SCHEMA)
 
     def decide(self, parts: Sequence[pa.Table], ctx: KernelContext) -> Decided[pa.Table]:
+        # The same kernel and buffers as Spark's tasks, without the long table that carries Spark's output: at XL
+        # its null columns alone were 0.8 s of memory to fill.
         rows = pa.concat_tables(parts).sort_by([("group_name", "ascending"), ("partition_id", "ascending")])
-        out = pa.Table.from_batches(list(decide_stream(rows.to_batches(), ctx)), schema=OUTPUT_SCHEMA)
-        return Decided(out, *split_small(out.filter(pc.is_in(out.column("kind"), _SMALL_CODES))))
+        chunks = list(decided_chunks(rows.to_batches(), ctx))
 
-    def of_kind(self, decided: Decided[pa.Table], name: str) -> pa.Table:
-        out = decided.frame
-        return out.filter(pc.equal(out.column("kind"), KINDS[name])).select(_columns(name))
+        def table(name: str) -> pa.Table:
+            schema = DECISION_SCHEMAS[name]
+            return pa.concat_tables([schema.empty_table(), *(getattr(d, name).cast(schema) for d, _ in chunks)])
+
+        large = {name: table(name).select(_columns(name)) for name in LARGE_TABLES}
+        small = {name: table(name) for name in SMALL_KINDS}
+        return Decided(large, small, total_counts(summary for _, summary in chunks))
 
     def union(self, parts: Sequence[pa.Table], name: str) -> pa.Table:
         schema = _unversioned_schema(name)
@@ -436,10 +442,8 @@ class SparkRows(Rows[DataFrame]):
                .mapInArrow(run, from_arrow_schema(OUTPUT_SCHEMA))
                .persist())
         collected = out.where(F.col("kind").isin([KINDS[k] for k in SMALL_KINDS] + [SUMMARY])).toArrow()
-        return Decided(out, *split_small(collected))
-
-    def of_kind(self, decided: Decided[DataFrame], name: str) -> DataFrame:
-        return decided.frame.where(F.col("kind") == KINDS[name]).select(*_columns(name))
+        large = {name: out.where(F.col("kind") == KINDS[name]).select(*_columns(name)) for name in LARGE_TABLES}
+        return Decided(large, *split_small(collected), kept=out)
 
     def union(self, parts: Sequence[DataFrame], name: str) -> DataFrame:
         if not parts:  # no running group
@@ -469,8 +473,8 @@ class SparkRows(Rows[DataFrame]):
         return frame.where(F.expr(f"group_name IN ({_sql_list(sorted(groups))})")).select(*columns).toArrow()
 
     def release(self, decided: Decided[DataFrame] | None) -> None:
-        if decided is not None:
-            decided.frame.unpersist()
+        if decided is not None and decided.kept is not None:
+            decided.kept.unpersist()
 
 
 def tagged(df: DataFrame, kind: int, keep: Sequence[str] = ()) -> DataFrame:

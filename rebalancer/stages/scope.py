@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from rebalancer.affinity.assign import assign_indexes
+from rebalancer.affinity.assign import RankingMemo
 from rebalancer.affinity.ideal import ideal_assignment
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.config import Settings
@@ -134,9 +134,10 @@ def decide_scope(spark: SparkSession, step: ExchangeStep, previous: Previous, fa
     if joined and carried and ranks_on_driver:
         nodes = NodeSet.from_rows([facts.node_rows[n] for n in step.alive if n in servers_now])
         joined_codes = [nodes.node_ids.index(n) for n in joined]
+        ranking = RankingMemo(nodes, settings.affinity.ignite_ids_as_strings)
         for g in carried:
             pids = np.arange(groups[g].partitions, dtype=np.int64)
-            matrix = assign_indexes(pids, nodes, groups[g], settings.affinity.ignite_ids_as_strings)
+            matrix = ranking(pids, groups[g])
             keys |= {(g, int(p)) for p in pids[np.isin(matrix, joined_codes).any(axis=1)]}
     elif joined and carried:
         nodes_df = spark.createDataFrame(
