@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pyspark.sql import functions as F
 from rich.table import Table
 
-from rebalancer.affinity.ideal import ideal_assignment
+from rebalancer.affinity.ideal import ideal_assignment_arrow
 from rebalancer.console import console, print_round, print_stability, print_summary, print_what_if, step
 from rebalancer.operations import generate_into, validate_warehouse
 from rebalancer.summary import node_load
@@ -39,27 +38,29 @@ def run_demo(state: Workspace, nodes: int, groups: int, partitions: int, backups
         f"  {counts['nodes']} nodes, {counts['cache_groups']} groups, {counts['partition_reports']:,} partition copies"
     )
     with step("validating inputs"):
-        rejected = validate_warehouse(warehouse, strict=settings.validation.strict).count()
+        rejected = validate_warehouse(warehouse, strict=settings.validation.strict)
     console.print(f"  {rejected} rejected rows" + ("" if rejected == 0 else " (see table rejected_rows)"))
 
     with step("computing the load per node"):
-        nodes_df = warehouse.read("nodes")
-        assignment_df = ideal_assignment(nodes_df, warehouse.read("cache_groups"), settings.affinity)
-        load = node_load(warehouse.read("partition_reports"), assignment_df)
-        rows = load.join(nodes_df.select("node_id", "node_order", "host", F.col("attributes")["zone"].alias("zone")),
-                         "node_id").orderBy("node_order").collect()
+        node_rows = warehouse.read_arrow("nodes").to_pylist()
+        assignment = ideal_assignment_arrow(node_rows, warehouse.read_arrow("cache_groups").to_pylist(),
+                                            settings.affinity)
+        load = {r["node_id"]: r for r in node_load(warehouse.read_arrow("partition_reports"), assignment).to_pylist()}
+        rows = [{**load[n["node_id"]], "host": n["host"], "zone": dict(n["attributes"] or {}).get("zone")}
+                for n in sorted(node_rows, key=lambda n: n["node_order"]) if n["node_id"] in load]
     table = Table(title="data per node", show_header=True, header_style="bold")
     for column in ("node", "host", "zone", "replicas", "primaries", "bytes"):
         table.add_column(column, justify="right" if column in ("replicas", "primaries", "bytes") else "left")
     for r in rows:
-        table.add_row(r.node_id, r.host, r.zone or "", f"{r.replicas:,}", f"{r.primaries:,}", _gib(r.bytes))
+        table.add_row(r["node_id"], r["host"], r["zone"] or "", f"{r['replicas']:,}", f"{r['primaries']:,}",
+                      _gib(r["bytes"]))
     console.print(table)
-    replicas = [r.replicas for r in rows]
+    replicas = [r["replicas"] for r in rows]
     if replicas:
         mean = sum(replicas) / len(replicas)
         console.print(
             f"  replicas per node: min {min(replicas):,}, mean {mean:,.1f}, max {max(replicas):,} "
-            f"(max/mean {max(replicas) / mean:.3f}); total {_gib(sum(r.bytes or 0 for r in rows))}"
+            f"(max/mean {max(replicas) / mean:.3f}); total {_gib(sum(r['bytes'] or 0 for r in rows))}"
         )
     from rebalancer.operations import append_event
     from rebalancer.pipeline import run_exchange

@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from rebalancer.affinity.ideal import ideal_assignment_of
+from rebalancer.affinity.ideal import IDEAL_ASSIGNMENT_STAGE, ideal_assignment_arrow, ideal_assignment_of
 from rebalancer.config import AffinitySettings, GenerateSettings
 from rebalancer.tables import CACHE_GROUPS, NODES, PARTITION_REPORTS, TOPOLOGY_EVENTS
 from rebalancer.vocabulary import AFFINITIES
@@ -78,6 +78,7 @@ def generate_cluster(
     affinity: AffinitySettings | None = None,
     *,
     affinity_function: str = "rendezvous",
+    rank_on_driver: bool = False,
 ) -> GeneratedCluster:
     """Build a steady cluster.
 
@@ -91,6 +92,8 @@ def generate_cluster(
         settings: sizes, zones and hosts; defaults as in ``conf/default.toml``.
         affinity: settings of the ideal assignment stage.
         affinity_function: every group's ``cache_groups.affinity`` (``rendezvous``, ``ignite`` or ``balanced``).
+        rank_on_driver: rank the partitions on the driver (the same rows; no Python workers for Spark to start,
+            which cost a small cluster more than its ranking), else in a ``mapInArrow`` pass.
 
     Returns:
         The input tables. Nothing is written; see ``rebalancer.storage`` for that.
@@ -141,9 +144,12 @@ def generate_cluster(
     mean_entries = settings.avg_partition_bytes // settings.avg_entry_bytes
     size = F.floor(F.lit(mean_entries) * (F.lit(0.5) + _unit_interval(seed, "size"))).cast("long")
     counter = (F.col("size") + F.floor(F.col("size") * F.lit(0.25) * _unit_interval(seed, "counter"))).cast("long")
+    node_list, group_list = dimensions["nodes"].to_pylist(), dimensions["cache_groups"].to_pylist()
+    # ranked over the rows built here: no Spark job to collect them back
+    ranked = spark.createDataFrame(ideal_assignment_arrow(node_list, group_list, affinity), IDEAL_ASSIGNMENT_STAGE) \
+        if rank_on_driver else ideal_assignment_of(spark, node_list, group_list, affinity)
     reports_df = (
-        # ranked over the rows built here: no Spark job to collect them back
-        ideal_assignment_of(spark, dimensions["nodes"].to_pylist(), dimensions["cache_groups"].to_pylist(), affinity)
+        ranked
         .withColumn("state", F.lit("OWNING"))
         .withColumn("size", size)
         .withColumn("update_counter", counter)

@@ -56,7 +56,7 @@ def load_generated_cluster(
     created = set(warehouse.create_tables())
     # A table created just now is already empty: spare it a commit.
     emptied_names = [name for name in OUTPUT_TABLES if name not in created]
-    if warehouse.reads_on_driver and rows_hint is not None and rows_hint <= warehouse.driver_replicas:
+    if rows_hint is not None and _writes_on_driver(warehouse, rows_hint):
         # Written from the driver: the reports collected as Arrow by one Spark job, everything else already there;
         # nothing to count back.
         arrow = {**cluster.dimensions, "partition_reports": cluster.partition_reports.toArrow()}
@@ -68,6 +68,11 @@ def load_generated_cluster(
     inputs = cluster.as_tables()
     warehouse.replace_where_many({**emptied, **inputs}, {}, rows_hint=rows_hint)
     return _row_counts(warehouse, list(inputs))
+
+
+def _writes_on_driver(warehouse: Warehouse, rows: int) -> bool:
+    """Whether a generated cluster of about ``rows`` rows is built and written on the driver."""
+    return warehouse.reads_on_driver and rows <= warehouse.driver_replicas
 
 
 def _row_counts(warehouse: Warehouse, names: list[str]) -> dict[str, int]:
@@ -92,20 +97,20 @@ def generate_into(
     """Generate a steady cluster (see :mod:`rebalancer.generate`) and load it into ``warehouse`` (its Spark jobs
     are labelled ``rebalancer generate: cluster`` and ``rebalancer generate: load``)."""
     meter = Meter(spark, "generate")
+    rows = groups * partitions * (backups + 1) + nodes  # one partition report per replica, and the nodes
     try:
         with meter.stage("cluster"):
             cluster = generate_cluster(
                 spark, nodes, groups, partitions, backups, seed, settings.generate, settings.affinity,
-                affinity_function=affinity_function,
+                affinity_function=affinity_function, rank_on_driver=_writes_on_driver(warehouse, rows),
             )
         with meter.stage("load"):
-            replicas = groups * partitions * (backups + 1)  # one partition report per replica
-            return load_generated_cluster(spark, warehouse, cluster, rows_hint=replicas + nodes)
+            return load_generated_cluster(spark, warehouse, cluster, rows_hint=rows)
     finally:
         meter.close()
 
 
-def validate_warehouse(warehouse: Warehouse, exchange_id: int | None = None, strict: bool = False) -> DataFrame:
+def validate_warehouse(warehouse: Warehouse, exchange_id: int | None = None, strict: bool = False) -> int:
     """Validate the input tables; append bad rows to ``rejected_rows``.
 
     Where the warehouse reads on the driver and the driver's verdicts (:mod:`rebalancer.validation_local`) find no
@@ -113,16 +118,18 @@ def validate_warehouse(warehouse: Warehouse, exchange_id: int | None = None, str
     row sends every table to Spark's validator, which writes the reasons.
 
     Returns:
-        The rejected rows of this validation (schema of ``rejected_rows``).
+        How many rows this validation rejected (each appended to ``rejected_rows`` with its reason).
     """
     if warehouse.reads_on_driver and _valid_on_driver(warehouse):
-        return warehouse.spark.createDataFrame([], SCHEMAS["rejected_rows"])
+        return 0  # no Spark job: a first one costs a new process about a second
     raw = {name: warehouse.read_raw(name) for name in INPUT_TABLES}
     validated = validate_inputs(raw, exchange_id=exchange_id, strict=strict)
     rejected = validated.rejected.select(*[f.name for f in SCHEMAS["rejected_rows"].fields]).cache()
-    if rejected.limit(1).count() > 0:
+    count = rejected.count()
+    if count:
         warehouse.append("rejected_rows", rejected)
-    return rejected
+    rejected.unpersist()
+    return int(count)
 
 
 def _valid_on_driver(warehouse: Warehouse) -> bool:

@@ -1,50 +1,42 @@
 """Small read-only summaries for people: how a cluster's data spreads over its nodes.
 
-Pure DataFrame functions; the CLI collects their (small, per-node) results only to print them.
+Arrow on the driver: their inputs are a cluster's reports and ideal placement, their results one row per node, and
+the CLI only prints them.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rebalancer.vocabulary import MOVING, OWNING
 
 __all__ = ["NODE_LOAD", "node_load"]
 
-NODE_LOAD = StructType(
-    [
-        StructField("node_id", StringType()),
-        StructField("replicas", LongType()),
-        StructField("primaries", LongType()),
-        StructField("bytes", LongType()),
-    ]
-)
+NODE_LOAD = pa.schema([("node_id", pa.string()), ("replicas", pa.int64()), ("primaries", pa.int64()),
+                       ("bytes", pa.int64())])
 
 
-def node_load(reports_df: DataFrame, assignment_df: DataFrame) -> DataFrame:
+def node_load(reports: pa.Table, assignment: pa.Table) -> pa.Table:
     """Replicas, primaries and bytes held per node.
 
     Args:
-        reports_df: ``partition_reports`` rows (latest per copy); only OWNING and MOVING copies count.
-        assignment_df: ``(group_name, partition_id, replica_index, node_id)``; ``replica_index`` 0 is the primary.
+        reports: ``partition_reports`` rows (latest per copy); only OWNING and MOVING copies count.
+        assignment: ``(group_name, partition_id, replica_index, node_id)``; ``replica_index`` 0 is the primary.
 
     Returns:
-        One row per node with a copy, schema :data:`NODE_LOAD`.
+        One row per node with a copy, schema :data:`NODE_LOAD`, by node id.
     """
-    held = reports_df.where(F.col("state").isin("OWNING", "MOVING"))
-    primaries = (
-        assignment_df.where(F.col("replica_index") == 0)
-        .groupBy("node_id")
-        .agg(F.count(F.lit(1)).alias("primaries"))
-    )
-    return (
-        held.groupBy("node_id")
-        .agg(F.count(F.lit(1)).alias("replicas"), F.sum("bytes").alias("bytes"))
-        .join(primaries, "node_id", "left")
-        .select(
-            "node_id",
-            F.col("replicas").cast("long"),
-            F.coalesce(F.col("primaries"), F.lit(0)).cast("long").alias("primaries"),
-            F.col("bytes").cast("long"),
-        )
-    )
+    held = reports.filter(pc.is_in(reports.column("state"), pa.array([OWNING, MOVING])))
+    load = held.group_by("node_id").aggregate([("node_id", "count"), ("bytes", "sum")])
+    primaries = assignment.filter(pc.equal(assignment.column("replica_index"), 0)) \
+        .group_by("node_id").aggregate([("node_id", "count")])
+    counted = dict(zip(primaries.column("node_id").to_pylist(), primaries.column("node_id_count").to_pylist(),
+                       strict=True))
+    nodes = load.column("node_id")
+    return pa.table({
+        "node_id": nodes,
+        "replicas": load.column("node_id_count").cast(pa.int64()),
+        "primaries": pa.array([counted.get(n, 0) for n in nodes.to_pylist()], pa.int64()),
+        "bytes": load.column("bytes_sum").cast(pa.int64()),
+    }, schema=NODE_LOAD).sort_by("node_id")

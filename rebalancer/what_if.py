@@ -41,6 +41,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
@@ -56,7 +57,7 @@ from rebalancer.planning.plan import finish_plan, schedule_plan
 from rebalancer.stages.meter import Meter
 from rebalancer.stages.placement import Placements, kernel_context, place, placed_onto
 from rebalancer.stages.previous import Previous
-from rebalancer.stages.rows import KernelRows, kernel_input, tagged
+from rebalancer.stages.rows import KernelRows, kernel_input, tagged, tagged_arrow
 from rebalancer.stages.scope import Scope, ScopeFacts, decide_scope
 from rebalancer.storage import Warehouse
 from rebalancer.vocabulary import (
@@ -64,6 +65,7 @@ from rebalancer.vocabulary import (
     COPY,
     EVENT_TYPES,
     GROUP_EVENTS,
+    MAX_PARTITIONS,
     NODE_EVENTS,
     NODE_FAILED,
     NONE,
@@ -403,6 +405,47 @@ class _ScenarioRows(KernelRows[DataFrame]):
         return tagged(frame, kind, keep=[SCENARIO])
 
 
+class _ScenarioArrowRows(KernelRows[pa.Table]):
+    """:class:`_ScenarioRows` on the driver, for a warehouse that reads there and a sweep of at most its
+    ``driver_replicas`` rows: the same rows, joined with NumPy instead of Spark (no Spark job)."""
+
+    def __init__(self, previous: Previous, keys: pa.Table) -> None:
+        self.previous, self._keys = previous, keys
+
+    def table(self, rows: pa.Table) -> pa.Table:
+        return rows
+
+    def read(self, name: str) -> pa.Table:
+        return self.previous.arrow(name)
+
+    def markers(self) -> pa.Table:
+        return self._keys
+
+    def unsettled(self, frame: pa.Table) -> pa.Table:
+        """Every row of ``frame`` once per scenario that recomputes its partition, with that scenario."""
+        names = pa.array(sorted(set(self._keys.column("group_name").to_pylist())), pa.string())
+
+        def codes(t: pa.Table) -> npt.NDArray[np.int64]:
+            rank = np.asarray(pc.fill_null(pc.index_in(t.column("group_name"), names), -1), np.int64)
+            pid = np.asarray(pc.fill_null(t.column("partition_id").cast(pa.int64()), -1), np.int64)
+            return np.where(rank >= 0, rank * MAX_PARTITIONS + pid, -1)
+
+        row_codes = codes(frame)
+        order = np.argsort(row_codes, kind="stable")
+        ranked = row_codes[order]
+        key_codes = codes(self._keys)
+        first = np.searchsorted(ranked, key_codes, "left")
+        counts = np.searchsorted(ranked, key_codes, "right") - first
+        key_of_row = np.repeat(np.arange(key_codes.size), counts)
+        offsets = np.cumsum(counts) - counts
+        rows = order[np.repeat(first - offsets, counts) + np.arange(int(counts.sum()))]
+        return frame.take(pa.array(rows)).append_column(
+            SCENARIO, self._keys.column(SCENARIO).take(pa.array(key_of_row)))
+
+    def tagged(self, frame: pa.Table, kind: int) -> pa.Table:
+        return tagged_arrow(frame, kind, keep=[SCENARIO])
+
+
 def _evaluate(spark: SparkSession, previous: Previous, settings: Settings, outcomes: Sequence[Hypothesis],
               node_rows: Mapping[str, Mapping[str, Any]]) -> pa.Table:
     committed_map = previous.arrow("partition_map")
@@ -449,18 +492,33 @@ def _evaluate(spark: SparkSession, previous: Previous, settings: Settings, outco
         ))
     key_table = pa.table(keys, schema=pa.schema([(SCENARIO, pa.int32()), ("group_name", pa.string()),
                                                   ("partition_id", pa.int32())]))
-    rows = _ScenarioRows(spark, previous, key_table)
-    parts = [*kernel_input(rows, None), rows.tagged(rows.unsettled(rows.read("ideal_assignment")), IDEAL_BEFORE)]
     shared = _Shared(tuple(facts), tuple(group_sets), tuple(replica_sets), dict(node_rows), settings,
                      tuple(shared_lists.values), tuple(shared_matrices.values))
+    # the rows the pass reads: each scenario's recomputed partitions with their copies (as many as the ideal has)
+    copies = committed_ideal.num_rows / max(1, previous.arrow("partition_versions").num_rows)
+    if previous.warehouse.reads_on_driver and key_table.num_rows * copies <= previous.warehouse.driver_replicas:
+        arrow_rows = _ScenarioArrowRows(previous, key_table)
+        tagged_rows = pa.concat_tables([
+            *kernel_input(arrow_rows, None),
+            arrow_rows.tagged(arrow_rows.unsettled(arrow_rows.read("ideal_assignment")), IDEAL_BEFORE)])
+        tagged_rows = tagged_rows.take(pc.sort_indices(tagged_rows.column(SCENARIO)))
+        scenario = np.asarray(tagged_rows.column(SCENARIO).to_numpy(zero_copy_only=False))
+        starts = np.flatnonzero(np.r_[True, scenario[1:] != scenario[:-1]]) if scenario.size else np.zeros(0, int)
+        ends = np.r_[starts[1:], scenario.size]
+        out = pa.concat_tables([_RESULT.empty_table(), *(
+            figures(int(scenario[a]), tagged_rows.slice(a, b - a), shared).cast(_RESULT)
+            for a, b in zip(starts, ends, strict=True))])
+    else:
+        rows = _ScenarioRows(spark, previous, key_table)
+        parts = [*kernel_input(rows, None), rows.tagged(rows.unsettled(rows.read("ideal_assignment")), IDEAL_BEFORE)]
 
-    def run(key: tuple[pa.Scalar, ...], table: pa.Table) -> pa.Table:
-        return figures(int(key[0].as_py()), table, shared)
+        def run(key: tuple[pa.Scalar, ...], table: pa.Table) -> pa.Table:
+            return figures(int(key[0].as_py()), table, shared)
 
-    from pyspark.sql.pandas.types import from_arrow_schema
+        from pyspark.sql.pandas.types import from_arrow_schema
 
-    out = functools.reduce(DataFrame.unionByName, parts).groupBy(SCENARIO) \
-        .applyInArrow(run, from_arrow_schema(_RESULT)).toArrow()
+        out = functools.reduce(DataFrame.unionByName, parts).groupBy(SCENARIO) \
+            .applyInArrow(run, from_arrow_schema(_RESULT)).toArrow()
     # a scenario that recomputes nothing (a server holding no copy fails) has no rows in the pass: its figures are
     # the committed version's, computed here from no rows
     nothing = _EMPTY_INPUT.append_column(SCENARIO, pa.array([], pa.int32()))

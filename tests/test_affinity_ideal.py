@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
 
 from rebalancer.affinity.assign import RankingMemo, assign_indexes
-from rebalancer.affinity.ideal import IDEAL_ASSIGNMENT_STAGE, ideal_assignment
+from rebalancer.affinity.ideal import IDEAL_ASSIGNMENT_STAGE, ideal_assignment, ideal_assignment_arrow
 from rebalancer.affinity.nodeset import NodeSet
 from rebalancer.affinity.rendezvous import weight
 from rebalancer.client.affinity import InvalidGroupSettingsError, assign
@@ -171,12 +171,12 @@ def test_spark_stage_and_pure_client_agree(
         "ign-repl": {"affinity": "ignite", "mode": "REPLICATED"},
     }
     partitions = 11
-    groups = groups_df(spark, [
-        group(name, partitions, backups, exclude_neighbors=excl, backup_filter=names, **cfg)
-        for name, cfg in configs.items()
-    ])
-    got = ideal_assignment(nodes_df(spark, rows), groups, AffinitySettings(ignite_ids_as_strings=as_strings,
-                                                                          arrow_batch_rows=16))
+    group_rows = [group(name, partitions, backups, exclude_neighbors=excl, backup_filter=names, **cfg)
+                  for name, cfg in configs.items()]
+    affinity = AffinitySettings(ignite_ids_as_strings=as_strings, arrow_batch_rows=16)
+    got = ideal_assignment(nodes_df(spark, rows), groups_df(spark, group_rows), affinity)
+    on_driver = ideal_assignment_arrow(rows, group_rows, affinity).to_pylist()
+    assert sorted(tuple(r) for r in got.collect()) == sorted(tuple(r.values()) for r in on_driver)
     spark_lists: dict[tuple[str, int], list[tuple[int, str]]] = {}
     for r in got.collect():
         spark_lists.setdefault((r.group_name, r.partition_id), []).append((r.replica_index, r.node_id))
@@ -222,9 +222,9 @@ def test_balanced_groups_are_placed_together_beside_the_others(spark: SparkSessi
     from rebalancer.client.affinity import GroupSettings, NodeSet, assign_balanced
 
     rows = [node(f"n{i}", i + 1, capacity=2.0 if i == 0 else None) for i in range(5)]
+    group_rows = [group("a", 40, 1, affinity="balanced"), group("b", 40, 1, affinity="balanced"), group("r", 8, 1)]
     nodes = nodes_df(spark, rows + [node("c", 9, is_client=True)])
-    groups = groups_df(spark, [group("a", 40, 1, affinity="balanced"), group("b", 40, 1, affinity="balanced"),
-                               group("r", 8, 1)])
+    groups = groups_df(spark, group_rows)
     got = ideal_assignment(nodes, groups, AffinitySettings(balanced_spread=spread))
     node_set = NodeSet.from_rows(rows)
     ids = node_set.node_ids
@@ -232,3 +232,7 @@ def test_balanced_groups_are_placed_together_beside_the_others(spark: SparkSessi
     want = [(g, p, i, ids[n]) for g, m in matrices.items() for p, row in enumerate(m) for i, n in enumerate(row)]
     want += [("r", p, i, n) for p, lst in enumerate(assign(node_set, 8, 1)) for i, n in enumerate(lst)]
     assert_df_equality(got, expected_df(spark, want), ignore_row_order=True, ignore_nullable=True)
+    # the same rows on the driver, from the same functions
+    on_driver = ideal_assignment_arrow(rows + [node("c", 9, is_client=True)], group_rows,
+                                       AffinitySettings(balanced_spread=spread, arrow_batch_rows=3))
+    assert sorted(map(tuple, (r.values() for r in on_driver.to_pylist()))) == sorted(want)

@@ -39,7 +39,8 @@ from rebalancer.config import AffinitySettings
 from rebalancer.groups import GroupSettings, InvalidGroupSettingsError
 from rebalancer.vocabulary import BALANCED
 
-__all__ = ["IDEAL_ASSIGNMENT_STAGE", "ideal_assignment", "ideal_assignment_of", "previous_placement"]
+__all__ = ["IDEAL_ASSIGNMENT_STAGE", "ideal_assignment", "ideal_assignment_arrow", "ideal_assignment_of",
+           "previous_placement"]
 
 IDEAL_ASSIGNMENT_STAGE = StructType(
     [
@@ -163,6 +164,26 @@ def ideal_assignment_of(
     if not parts:
         return spark.createDataFrame([], IDEAL_ASSIGNMENT_STAGE)
     return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+
+
+def ideal_assignment_arrow(
+    node_rows: Iterable[Mapping[str, Any]], group_rows: Iterable[Mapping[str, Any]], settings: AffinitySettings,
+) -> pa.Table:
+    """:func:`ideal_assignment_of` on the driver, as Arrow: the same rows from the same functions, no Spark job (a
+    small cluster's placement for people to read)."""
+    nodes, all_groups = _dimensions(node_rows, group_rows)
+    groups = [g for g in all_groups if g.affinity != BALANCED]
+    balanced = [g for g in all_groups if g.affinity == BALANCED]
+    total = sum(g.partitions for g in groups)
+    tables = [_ARROW_SCHEMA.empty_table()]
+    if len(nodes) and balanced:
+        tables.append(_balanced_rows(nodes, balanced, settings.balanced_spread))
+    if len(nodes) and total:
+        chunk_rows = settings.arrow_batch_rows
+        chunk_ids = pa.record_batch([pa.array(range(-(-total // chunk_rows)), pa.int64())], names=["id"])
+        rank = _rank_chunks(nodes, groups, chunk_rows, settings.ignite_ids_as_strings)
+        tables.append(pa.Table.from_batches(list(rank(iter([chunk_ids]))), schema=_ARROW_SCHEMA))
+    return pa.concat_tables(tables)
 
 
 def _balanced_rows(nodes: NodeSet, groups: list[GroupSettings], spread: bool) -> pa.Table:

@@ -64,7 +64,7 @@ from rebalancer.vocabulary import MAX_PARTITIONS, PARTITION_KEY
 
 __all__ = [
     "LARGE_TABLES", "SMALL_KINDS", "ArrowRows", "Decided", "KernelRows", "Rows", "SparkRows",
-    "arrow_schema", "kernel_input", "rows_for", "tagged", "version_tables",
+    "arrow_schema", "kernel_input", "rows_for", "tagged", "tagged_arrow", "version_tables",
 ]
 
 #: Versioned tables with one row per partition or copy (with ``client_affinity``, built from one of them).
@@ -257,16 +257,7 @@ class ArrowRows(Rows[pa.Table]):
         return frame.filter(settled_mask(frame, self.scope, self.sizes))
 
     def tagged(self, frame: pa.Table, kind: int) -> pa.Table:
-        n = frame.num_rows
-        columns = []
-        for f in INPUT_SCHEMA:
-            if f.name == "kind":
-                columns.append(pa.array(np.full(n, kind, np.int8)))
-            elif f.name in frame.column_names:
-                columns.append(frame.column(f.name).cast(f.type))
-            else:
-                columns.append(pa.nulls(n, f.type))
-        return pa.Table.from_arrays(columns, schema=INPUT_SCHEMA)
+        return tagged_arrow(frame, kind)
 
     def decide(self, parts: Sequence[pa.Table], ctx: KernelContext) -> Decided[pa.Table]:
         # The same kernel and buffers as Spark's tasks, without the long table that carries Spark's output: at XL
@@ -475,6 +466,20 @@ class SparkRows(Rows[DataFrame]):
     def release(self, decided: Decided[DataFrame] | None) -> None:
         if decided is not None and decided.kept is not None:
             decided.kept.unpersist()
+
+
+def tagged_arrow(frame: pa.Table, kind: int, keep: Sequence[str] = ()) -> pa.Table:
+    """:func:`tagged` on the driver."""
+    n = frame.num_rows
+    columns, fields = [frame.column(c) for c in keep], [frame.schema.field(c) for c in keep]
+    for f in INPUT_SCHEMA:
+        if f.name == "kind":
+            columns.append(pa.array(np.full(n, kind, np.int8)))
+        elif f.name in frame.column_names:
+            columns.append(frame.column(f.name).cast(f.type))
+        else:
+            columns.append(pa.nulls(n, f.type))
+    return pa.Table.from_arrays(columns, schema=pa.schema([*fields, *INPUT_SCHEMA]))
 
 
 def tagged(df: DataFrame, kind: int, keep: Sequence[str] = ()) -> DataFrame:
