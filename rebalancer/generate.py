@@ -1,10 +1,10 @@
 """Synthetic steady clusters: the input tables of a cluster where every ideal replica is OWNING.
 
 ``generate_cluster`` is a pure function of its arguments and seed: the same call gives the same rows, byte for
-byte. Nodes, groups and events are small (built on the driver, also as Arrow: ``GeneratedCluster.dimensions``);
-the partition reports, up to millions of rows, are built by Spark from the ideal assignment stage.
-``rebalancer.operations.load_generated_cluster`` collects them once to write from the driver where the warehouse
-reads there and the cluster is within the warehouse's ``driver_replicas``; beyond, Spark writes them.
+byte. Nodes, groups and events are small (built on the driver as Arrow: ``GeneratedCluster.dimensions``). The
+partition reports, up to millions of rows, are built on the driver too where the warehouse reads there and the
+cluster is within its ``driver_replicas`` (``rebalancer.operations.generate_into`` decides), and written from there;
+beyond, Spark builds them from the ideal assignment stage and writes them. Both ways give the same rows.
 
 Shape of a generated cluster (the defaults in ``conf/default.toml`` ``[generate]``):
 - nodes ``node0 .. node{N-1}``, join order 1..N, ``nodes_per_host`` servers per host ``host{k}``, attributes
@@ -24,15 +24,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from rebalancer.affinity.ideal import IDEAL_ASSIGNMENT_STAGE, ideal_assignment_arrow, ideal_assignment_of
+from rebalancer.affinity.ideal import ideal_assignment_arrow, ideal_assignment_of
 from rebalancer.config import AffinitySettings, GenerateSettings
-from rebalancer.tables import CACHE_GROUPS, NODES, PARTITION_REPORTS, TOPOLOGY_EVENTS
+from rebalancer.hashing import spark_xxhash64, spark_xxhash64_ints
+from rebalancer.tables import CACHE_GROUPS, INPUT_TABLES, NODES, PARTITION_REPORTS, TOPOLOGY_EVENTS
 from rebalancer.vocabulary import AFFINITIES
 
 __all__ = ["GeneratedCluster", "generate_cluster"]
@@ -45,19 +49,18 @@ EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 class GeneratedCluster:
     """The four input tables of a steady cluster, with SPEC section 2 schemas."""
 
-    nodes: DataFrame
-    cache_groups: DataFrame
-    topology_events: DataFrame
-    partition_reports: DataFrame
-    #: ``nodes``, ``cache_groups`` and ``topology_events`` as built on the driver: the same rows, as Arrow.
+    #: ``nodes``, ``cache_groups`` and ``topology_events``, built on the driver as Arrow.
     dimensions: dict[str, pa.Table]
+    #: Arrow when built on the driver (``on_driver``), else Spark's frame: the same rows.
+    partition_reports: pa.Table | DataFrame
 
-    def as_tables(self) -> dict[str, DataFrame]:
+    def as_tables(self, spark: SparkSession) -> dict[str, DataFrame]:
+        """The four tables as DataFrames of their declared schemas."""
+        reports = self.partition_reports
         return {
-            "nodes": self.nodes,
-            "cache_groups": self.cache_groups,
-            "topology_events": self.topology_events,
-            "partition_reports": self.partition_reports,
+            **{name: spark.createDataFrame(table, INPUT_TABLES[name]) for name, table in self.dimensions.items()},
+            "partition_reports": spark.createDataFrame(reports, PARTITION_REPORTS) if isinstance(reports, pa.Table)
+            else reports,
         }
 
 
@@ -78,7 +81,7 @@ def generate_cluster(
     affinity: AffinitySettings | None = None,
     *,
     affinity_function: str = "rendezvous",
-    rank_on_driver: bool = False,
+    on_driver: bool = False,
 ) -> GeneratedCluster:
     """Build a steady cluster.
 
@@ -92,8 +95,9 @@ def generate_cluster(
         settings: sizes, zones and hosts; defaults as in ``conf/default.toml``.
         affinity: settings of the ideal assignment stage.
         affinity_function: every group's ``cache_groups.affinity`` (``rendezvous``, ``ignite`` or ``balanced``).
-        rank_on_driver: rank the partitions on the driver (the same rows; no Python workers for Spark to start,
-            which cost a small cluster more than its ranking), else in a ``mapInArrow`` pass.
+        on_driver: build the reports on the driver, with NumPy (the same rows: the ranking's functions, Spark's
+            xxhash64 reimplemented in :mod:`rebalancer.hashing`), else in Spark (a ``mapInArrow`` ranking pass and
+            SQL expressions).
 
     Returns:
         The input tables. Nothing is written; see ``rebalancer.storage`` for that.
@@ -138,18 +142,17 @@ def generate_cluster(
     dimensions = {name: _arrow(rows, schema) for name, rows, schema in (
         ("nodes", node_rows, NODES), ("cache_groups", group_rows, CACHE_GROUPS),
         ("topology_events", event_rows, TOPOLOGY_EVENTS))}
-    nodes_df, groups_df, events_df = (spark.createDataFrame(rows, schema) for rows, schema in (
-        (node_rows, NODES), (group_rows, CACHE_GROUPS), (event_rows, TOPOLOGY_EVENTS)))
-
+    node_list, group_list = dimensions["nodes"].to_pylist(), dimensions["cache_groups"].to_pylist()
     mean_entries = settings.avg_partition_bytes // settings.avg_entry_bytes
+    if on_driver:
+        ranked = ideal_assignment_arrow(node_list, group_list, affinity)
+        return GeneratedCluster(dimensions, _reports_arrow(ranked, seed, mean_entries, settings.avg_entry_bytes))
+    # The same arithmetic as _reports_arrow, in Spark SQL.
     size = F.floor(F.lit(mean_entries) * (F.lit(0.5) + _unit_interval(seed, "size"))).cast("long")
     counter = (F.col("size") + F.floor(F.col("size") * F.lit(0.25) * _unit_interval(seed, "counter"))).cast("long")
-    node_list, group_list = dimensions["nodes"].to_pylist(), dimensions["cache_groups"].to_pylist()
-    # ranked over the rows built here: no Spark job to collect them back
-    ranked = spark.createDataFrame(ideal_assignment_arrow(node_list, group_list, affinity), IDEAL_ASSIGNMENT_STAGE) \
-        if rank_on_driver else ideal_assignment_of(spark, node_list, group_list, affinity)
     reports_df = (
-        ranked
+        # ranked over the rows built here: no Spark job to collect them back
+        ideal_assignment_of(spark, node_list, group_list, affinity)
         .withColumn("state", F.lit("OWNING"))
         .withColumn("size", size)
         .withColumn("update_counter", counter)
@@ -158,7 +161,37 @@ def generate_cluster(
         .withColumn("report_seq", F.lit(1).cast("long"))
         .select(*[F.col(f.name).cast(f.dataType) for f in PARTITION_REPORTS.fields])
     )
-    return GeneratedCluster(nodes_df, groups_df, events_df, reports_df, dimensions)
+    return GeneratedCluster(dimensions, reports_df)
+
+
+def _unit_interval_arrow(seed: int, salt: str, groups: pa.Array, pids: npt.NDArray[np.int64]
+                         ) -> npt.NDArray[np.float64]:
+    """:func:`_unit_interval` of Arrow columns: Spark's xxhash64 of the literals and the group once per group, of
+    each partition id in NumPy."""
+    coded = pc.dictionary_encode(groups).combine_chunks() if isinstance(groups, pa.ChunkedArray) \
+        else pc.dictionary_encode(groups)
+    per_group = np.array([spark_xxhash64([seed, salt, g]) for g in coded.dictionary.to_pylist()], dtype=np.int64)
+    h = spark_xxhash64_ints(pids, per_group[np.asarray(coded.indices, dtype=np.int64)])
+    return np.mod(h, 1_000_003).astype(np.float64) / 1_000_003.0
+
+
+def _reports_arrow(ranked: pa.Table, seed: int, mean_entries: int, entry_bytes: int) -> pa.Table:
+    """The OWNING report of every ranked replica, built on the driver: the rows the Spark path builds."""
+    groups, pids = ranked.column("group_name"), np.asarray(ranked.column("partition_id"), dtype=np.int64)
+    size = np.floor(mean_entries * (0.5 + _unit_interval_arrow(seed, "size", groups, pids))).astype(np.int64)
+    counter = size + np.floor(size * 0.25 * _unit_interval_arrow(seed, "counter", groups, pids)).astype(np.int64)
+    n = ranked.num_rows
+    return pa.table({
+        "node_id": ranked.column("node_id"),
+        "group_name": groups,
+        "partition_id": ranked.column("partition_id"),
+        "state": pa.array(np.full(n, "OWNING", dtype=object), pa.string()),
+        "update_counter": counter,
+        "size": size,
+        "bytes": size * entry_bytes,
+        "wal_history_counter": np.floor(counter * 0.8).astype(np.int64),
+        "report_seq": np.ones(n, np.int64),
+    }).select(PARTITION_REPORTS.fieldNames()).cast(to_arrow_schema(PARTITION_REPORTS, timezone="UTC"))
 
 
 def _arrow(rows: list[tuple[Any, ...]], schema: StructType) -> pa.Table:

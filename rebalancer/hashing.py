@@ -9,6 +9,8 @@ Contents:
 - MurmurHash3 x86_32 / x64_128 of arbitrary bytes (keys, node seeds, partition stamps) via ``mmh3``.
 - Java ``String.hashCode`` (UTF-16 code units) and ``java.util.UUID.hashCode``.
 - Thomas Wang's 64-bit mix as used by Apache Ignite's ``RendezvousAffinityFunction``.
+- Spark SQL's ``xxhash64`` (XXH64, seed 42, chained over its arguments) of ints, longs and strings: what
+  ``rebalancer.generate`` builds a cluster's sizes from, so the driver builds the rows Spark builds.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ __all__ = [
     "murmur3_32",
     "murmur3_32_u32_block",
     "murmur3_x64_128_first_signed",
+    "spark_xxhash64",
+    "spark_xxhash64_ints",
     "to_signed32",
     "wang_mix64",
 ]
@@ -131,3 +135,82 @@ def wang_mix64(keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
         k = k ^ (k >> np.uint64(28))
         k = k + (k << np.uint64(31))
     return k.view(np.int64)
+
+
+# ---- Spark SQL's xxhash64 (org.apache.spark.sql.catalyst.expressions.XXH64) ----
+_P1, _P2, _P3, _P4, _P5 = (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63,
+                           0x27D4EB2F165667C5)
+_MASK64 = (1 << 64) - 1
+SPARK_XXHASH64_SEED = 42
+
+
+def _rotl64(x: int, r: int) -> int:
+    return ((x << r) | (x >> (64 - r))) & _MASK64
+
+
+def _fmix64(h: int) -> int:
+    h ^= h >> 33
+    h = (h * _P2) & _MASK64
+    h ^= h >> 29
+    h = (h * _P3) & _MASK64
+    return h ^ (h >> 32)
+
+
+def _xxh64_bytes(data: bytes, seed: int) -> int:
+    """XXH64 of ``data`` (unsigned seed and result), as Spark's ``hashUnsafeBytes``."""
+    n, h, i = len(data), 0, 0
+    if n >= 32:
+        v = [(seed + _P1 + _P2) & _MASK64, (seed + _P2) & _MASK64, seed, (seed - _P1) & _MASK64]
+        while i <= n - 32:
+            for j in range(4):
+                lane = int.from_bytes(data[i:i + 8], "little")
+                v[j] = (_rotl64((v[j] + lane * _P2) & _MASK64, 31) * _P1) & _MASK64
+                i += 8
+        h = (_rotl64(v[0], 1) + _rotl64(v[1], 7) + _rotl64(v[2], 12) + _rotl64(v[3], 18)) & _MASK64
+        for lane in v:
+            h = ((h ^ (_rotl64((lane * _P2) & _MASK64, 31) * _P1 & _MASK64)) * _P1 + _P4) & _MASK64
+    else:
+        h = (seed + _P5) & _MASK64
+    h = (h + n) & _MASK64
+    while i <= n - 8:
+        k = (_rotl64((int.from_bytes(data[i:i + 8], "little") * _P2) & _MASK64, 31) * _P1) & _MASK64
+        h = (_rotl64(h ^ k, 27) * _P1 + _P4) & _MASK64
+        i += 8
+    if i <= n - 4:
+        h = (_rotl64(h ^ ((int.from_bytes(data[i:i + 4], "little") * _P1) & _MASK64), 23) * _P2 + _P3) & _MASK64
+        i += 4
+    while i < n:
+        h = (_rotl64(h ^ ((data[i] * _P5) & _MASK64), 11) * _P1) & _MASK64
+        i += 1
+    return _fmix64(h)
+
+
+def spark_xxhash64(values: list[int | str], seed: int = SPARK_XXHASH64_SEED) -> int:
+    """``xxhash64(v1, v2, ...)`` of Spark SQL literals (signed, as Spark returns it): each value hashed with the
+    previous hash as its seed. A Python int is an ``int`` literal when it fits in 32 bits, else a ``bigint`` (as
+    ``F.lit`` types it); a str is hashed as its UTF-8 bytes."""
+    h = seed & _MASK64
+    for value in values:
+        if isinstance(value, str):
+            h = _xxh64_bytes(value.encode(), h)
+        elif -(1 << 31) <= value < (1 << 31):
+            h = _fmix64((_rotl64(((h + _P5 + 4) & _MASK64) ^ (((value & 0xFFFFFFFF) * _P1) & _MASK64), 23) * _P2
+                         + _P3) & _MASK64)
+        else:
+            h = _xxh64_bytes((value & _MASK64).to_bytes(8, "little"), h)
+    return h - (1 << 64) if h >> 63 else h
+
+
+def spark_xxhash64_ints(values: npt.ArrayLike, seeds: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """Spark's xxhash64 step of an ``int`` column: each 32-bit value hashed with its row's seed (the hash of the
+    arguments before it, signed as :func:`spark_xxhash64` returns it)."""
+    v = np.asarray(values, dtype=np.int64).astype(np.uint64) & np.uint64(0xFFFFFFFF)
+    h = np.asarray(seeds, dtype=np.int64).astype(np.uint64)
+    h = (h + np.uint64(_P5) + np.uint64(4)) ^ (v * np.uint64(_P1))
+    h = ((h << np.uint64(23)) | (h >> np.uint64(41))) * np.uint64(_P2) + np.uint64(_P3)
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(_P2)
+    h ^= h >> np.uint64(29)
+    h *= np.uint64(_P3)
+    h ^= h >> np.uint64(32)
+    return h.view(np.int64)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -47,8 +48,9 @@ def load_generated_cluster(
 
     Input tables are overwritten with the cluster; output tables are emptied (a new cluster has no exchange
     history). Delta keeps the previous contents as older table versions. The tables are written by one
-    :meth:`~rebalancer.storage.Warehouse.replace_where_many` (commits that may run at once) and counted by one
-    Spark job. ``rows_hint``: about how many rows the cluster holds (the engine picks its write path by size).
+    :meth:`~rebalancer.storage.Warehouse.replace_where_many` (commits that may run at once): from the driver when
+    the cluster was built there (its reports are Arrow), else by Spark and counted by one Spark job. ``rows_hint``:
+    about how many rows the cluster holds (the engine picks its write path by size).
 
     Returns:
         Rows written per input table.
@@ -56,16 +58,14 @@ def load_generated_cluster(
     created = set(warehouse.create_tables())
     # A table created just now is already empty: spare it a commit.
     emptied_names = [name for name in OUTPUT_TABLES if name not in created]
-    if rows_hint is not None and _writes_on_driver(warehouse, rows_hint):
-        # Written from the driver: the reports collected as Arrow by one Spark job, everything else already there;
-        # nothing to count back.
-        arrow = {**cluster.dimensions, "partition_reports": cluster.partition_reports.toArrow()}
+    if isinstance(cluster.partition_reports, pa.Table):  # built on the driver: written from there, no Spark job
+        arrow = {**cluster.dimensions, "partition_reports": cluster.partition_reports}
         emptied_arrow = {name: to_arrow_schema(OUTPUT_TABLES[name], timezone="UTC").empty_table()
                          for name in emptied_names}
         warehouse.replace_where_many({**emptied_arrow, **arrow}, {}, rows_hint=rows_hint)
-        return {name: arrow[name].num_rows for name in cluster.as_tables()}
+        return {name: table.num_rows for name, table in arrow.items()}
     emptied = {name: spark.createDataFrame([], OUTPUT_TABLES[name]) for name in emptied_names}
-    inputs = cluster.as_tables()
+    inputs = cluster.as_tables(spark)
     warehouse.replace_where_many({**emptied, **inputs}, {}, rows_hint=rows_hint)
     return _row_counts(warehouse, list(inputs))
 
@@ -102,7 +102,7 @@ def generate_into(
         with meter.stage("cluster"):
             cluster = generate_cluster(
                 spark, nodes, groups, partitions, backups, seed, settings.generate, settings.affinity,
-                affinity_function=affinity_function, rank_on_driver=_writes_on_driver(warehouse, rows),
+                affinity_function=affinity_function, on_driver=_writes_on_driver(warehouse, rows),
             )
         with meter.stage("load"):
             return load_generated_cluster(spark, warehouse, cluster, rows_hint=rows)

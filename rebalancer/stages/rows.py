@@ -145,7 +145,7 @@ class Rows(KernelRows[Frame]):
 
     @abstractmethod
     def union(self, parts: Sequence[Frame], name: str) -> Frame:
-        """Rows of versioned table ``name`` (columns as :meth:`of_kind`), concatenated; none: no rows."""
+        """Rows of versioned table ``name`` (columns as in ``Decided.large``), concatenated; none: no rows."""
 
     @abstractmethod
     def versioned(self, frame: Frame, name: str, version: tuple[int, int]) -> Frame:
