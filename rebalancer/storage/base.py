@@ -136,9 +136,11 @@ class Warehouse(abc.ABC):
     def driver_replicas(self) -> int:
         if isinstance(self._driver_replicas_setting, int):
             return self._driver_replicas_setting
-        conf = self.spark.conf
-        return replicas_on_driver(conf.get("spark.master", "") or "", conf.get("spark.driver.memory", "1g") or "1g",
-                                  machine_memory_bytes())
+        try:
+            master, memory = self.spark.conf.get("spark.master", ""), self.spark.conf.get("spark.driver.memory", "1g")
+        except Exception:  # a session that does not show its configuration (Databricks serverless): not local
+            master, memory = "", "1g"
+        return replicas_on_driver(master or "", memory or "1g", machine_memory_bytes())
 
     # ---- tables ----
     @abc.abstractmethod
