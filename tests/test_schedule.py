@@ -322,8 +322,9 @@ def test_extra_columns_pass_through_and_existing_schedule_columns_are_replaced_i
     assert col(out, "est_end_s") == [pytest.approx(1.1), pytest.approx(0.1)]
 
 
-def test_empty_plan() -> None:
-    out = schedule(plan_of(), DEFAULT)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_empty_plan(policy: str) -> None:
+    out = schedule(plan_of(), DEFAULT, policy)
     assert out.num_rows == 0
     assert out.schema == SCHEDULED_SCHEMA
     assert makespan(out) == 0.0

@@ -979,7 +979,7 @@ def _solo_durations(p: _Plan, model: CostModel) -> np.ndarray:
 def _serial(p: _Plan, solo: np.ndarray) -> _Timetable:
     """``serial``: one step after the other in ``(group_name, partition_id, step)`` order, each alone."""
     end = np.cumsum(solo)
-    start = np.concatenate([[0.0], end[:-1]])
+    start = np.concatenate([[0.0], end[:-1]])[: p.n]  # an empty plan has no start, not one
     return _Timetable(start, end, p.src, float(end[-1]) if p.n else 0.0, "serial")
 
 
