@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -64,10 +63,14 @@ class GeneratedCluster:
         }
 
 
+#: :func:`_unit_interval`'s values are multiples of 1 / this.
+_UNIT_STEPS = 1_000_003
+
+
 def _unit_interval(seed: int, salt: str) -> Column:
     """A deterministic uniform value in [0, 1) per (group, partition), independent for each ``salt``."""
     h = F.xxhash64(F.lit(seed), F.lit(salt), F.col("group_name"), F.col("partition_id"))
-    return F.pmod(h, F.lit(1_000_003)).cast("double") / F.lit(1_000_003.0)
+    return F.pmod(h, F.lit(_UNIT_STEPS)).cast("double") / F.lit(float(_UNIT_STEPS))
 
 
 def generate_cluster(
@@ -164,22 +167,22 @@ def generate_cluster(
     return GeneratedCluster(dimensions, reports_df)
 
 
-def _unit_interval_arrow(seed: int, salt: str, groups: pa.Array, pids: npt.NDArray[np.int64]
+def _unit_interval_arrow(seed: int, salt: str, groups: pa.DictionaryArray, pids: npt.NDArray[np.int64]
                          ) -> npt.NDArray[np.float64]:
-    """:func:`_unit_interval` of Arrow columns: Spark's xxhash64 of the literals and the group once per group, of
-    each partition id in NumPy."""
-    coded = pc.dictionary_encode(groups).combine_chunks() if isinstance(groups, pa.ChunkedArray) \
-        else pc.dictionary_encode(groups)
-    per_group = np.array([spark_xxhash64([seed, salt, g]) for g in coded.dictionary.to_pylist()], dtype=np.int64)
-    h = spark_xxhash64_ints(pids, per_group[np.asarray(coded.indices, dtype=np.int64)])
-    return np.mod(h, 1_000_003).astype(np.float64) / 1_000_003.0
+    """:func:`_unit_interval` on the driver: Spark's xxhash64 of the literals and the group once per group name,
+    of each partition id in NumPy."""
+    per_group = np.array([spark_xxhash64([seed, salt, g]) for g in groups.dictionary.to_pylist()], dtype=np.int64)
+    h = spark_xxhash64_ints(pids, per_group[np.asarray(groups.indices, dtype=np.int64)])
+    return np.mod(h, _UNIT_STEPS).astype(np.float64) / float(_UNIT_STEPS)
 
 
 def _reports_arrow(ranked: pa.Table, seed: int, mean_entries: int, entry_bytes: int) -> pa.Table:
     """The OWNING report of every ranked replica, built on the driver: the rows the Spark path builds."""
-    groups, pids = ranked.column("group_name"), np.asarray(ranked.column("partition_id"), dtype=np.int64)
-    size = np.floor(mean_entries * (0.5 + _unit_interval_arrow(seed, "size", groups, pids))).astype(np.int64)
-    counter = size + np.floor(size * 0.25 * _unit_interval_arrow(seed, "counter", groups, pids)).astype(np.int64)
+    groups = ranked.column("group_name")
+    coded = groups.combine_chunks().dictionary_encode()
+    pids = np.asarray(ranked.column("partition_id"), dtype=np.int64)
+    size = np.floor(mean_entries * (0.5 + _unit_interval_arrow(seed, "size", coded, pids))).astype(np.int64)
+    counter = size + np.floor(size * 0.25 * _unit_interval_arrow(seed, "counter", coded, pids)).astype(np.int64)
     n = ranked.num_rows
     return pa.table({
         "node_id": ranked.column("node_id"),

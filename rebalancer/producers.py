@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
@@ -76,31 +76,37 @@ def append_event(
     event_type = check_event(event_type, node_id, group_name)
     warehouse.create_tables(list(INPUT_TABLES))
     node_added = False
-    if event_type == NODE_JOINED and not _knows_node(warehouse, str(node_id)):
-        attributes = {"zone": zone} if zone else {}
-        node_row = (node_id, None, _next(warehouse, "nodes", "node_order"), host or f"host-{node_id}", attributes,
-                    1.0, is_client)
-        warehouse.append_arrow("nodes", _arrow_row(node_row, NODES))
-        node_added = True
-    next_seq = _next(warehouse, "topology_events", "event_seq")
+    if event_type == NODE_JOINED:
+        nodes = _rows(warehouse, "nodes")
+        if not _knows_node(nodes, str(node_id)):
+            attributes = {"zone": zone} if zone else {}
+            node_row = (node_id, None, _next(nodes, "node_order"), host or f"host-{node_id}", attributes, 1.0,
+                        is_client)
+            warehouse.append_arrow("nodes", _arrow_row(node_row, NODES))
+            node_added = True
+    next_seq = _next(_rows(warehouse, "topology_events"), "event_seq")
     row = (next_seq, event_type, node_id, group_name, now or datetime.now(UTC))
     warehouse.append_arrow("topology_events", _arrow_row(row, TOPOLOGY_EVENTS))
     return AppendedEvent(next_seq, event_type, node_id, group_name, node_added)
 
 
-# A warehouse that reads on the driver answers these without a Spark job (an event from the CLI took 0.5 s of jobs);
-# through Delta (catalog tables) the tables may be large, and Spark aggregates them where they are.
-def _knows_node(warehouse: Warehouse, node_id: str) -> bool:
-    if warehouse.reads_on_driver:
-        return node_id in set(warehouse.read_arrow("nodes").column("node_id").to_pylist())
-    return warehouse.read("nodes").where(F.col("node_id") == F.lit(node_id)).limit(1).count() > 0
+def _rows(warehouse: Warehouse, name: str) -> pa.Table | DataFrame:
+    """Table ``name`` as Arrow where the warehouse reads on the driver (no Spark job: an event from the CLI took
+    0.5 s of jobs), else as a frame: through Delta (catalog tables) it may be large, and Spark aggregates it."""
+    return warehouse.read_arrow(name) if warehouse.reads_on_driver else warehouse.read(name)
 
 
-def _next(warehouse: Warehouse, name: str, column: str) -> int:
-    """One more than the largest ``column`` of table ``name`` (1 when it is empty)."""
-    if warehouse.reads_on_driver:
-        return int(pc.max(warehouse.read_arrow(name).column(column)).as_py() or 0) + 1
-    return int(scalar(warehouse.read(name).agg(F.coalesce(F.max(column), F.lit(0))))) + 1
+def _knows_node(nodes: pa.Table | DataFrame, node_id: str) -> bool:
+    if isinstance(nodes, pa.Table):
+        return node_id in set(nodes.column("node_id").to_pylist())
+    return nodes.where(F.col("node_id") == F.lit(node_id)).limit(1).count() > 0
+
+
+def _next(rows: pa.Table | DataFrame, column: str) -> int:
+    """One more than the largest ``column`` of ``rows`` (1 when there are none)."""
+    if isinstance(rows, pa.Table):
+        return int(pc.max(rows.column(column)).as_py() or 0) + 1
+    return int(scalar(rows.agg(F.coalesce(F.max(column), F.lit(0))))) + 1
 
 
 def _arrow_row(row: tuple[Any, ...], schema: StructType) -> pa.Table:

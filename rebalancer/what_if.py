@@ -41,7 +41,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
@@ -57,7 +56,7 @@ from rebalancer.planning.plan import finish_plan, schedule_plan
 from rebalancer.stages.meter import Meter
 from rebalancer.stages.placement import Placements, kernel_context, place, placed_onto
 from rebalancer.stages.previous import Previous
-from rebalancer.stages.rows import KernelRows, kernel_input, tagged, tagged_arrow
+from rebalancer.stages.rows import KernelRows, kernel_input, key_codes, tagged, tagged_arrow
 from rebalancer.stages.scope import Scope, ScopeFacts, decide_scope
 from rebalancer.storage import Warehouse
 from rebalancer.vocabulary import (
@@ -65,7 +64,6 @@ from rebalancer.vocabulary import (
     COPY,
     EVENT_TYPES,
     GROUP_EVENTS,
-    MAX_PARTITIONS,
     NODE_EVENTS,
     NODE_FAILED,
     NONE,
@@ -409,8 +407,8 @@ class _ScenarioArrowRows(KernelRows[pa.Table]):
     """:class:`_ScenarioRows` on the driver, for a warehouse that reads there and a sweep of at most its
     ``driver_replicas`` rows: the same rows, joined with NumPy instead of Spark (no Spark job)."""
 
-    def __init__(self, previous: Previous, keys: pa.Table) -> None:
-        self.previous, self._keys = previous, keys
+    def __init__(self, previous: Previous, keys: pa.Table, sizes: Mapping[str, int]) -> None:
+        self.previous, self._keys, self._sizes = previous, keys, sizes
 
     def table(self, rows: pa.Table) -> pa.Table:
         return rows
@@ -423,20 +421,14 @@ class _ScenarioArrowRows(KernelRows[pa.Table]):
 
     def unsettled(self, frame: pa.Table) -> pa.Table:
         """Every row of ``frame`` once per scenario that recomputes its partition, with that scenario."""
-        names = pa.array(sorted(set(self._keys.column("group_name").to_pylist())), pa.string())
-
-        def codes(t: pa.Table) -> npt.NDArray[np.int64]:
-            rank = np.asarray(pc.fill_null(pc.index_in(t.column("group_name"), names), -1), np.int64)
-            pid = np.asarray(pc.fill_null(t.column("partition_id").cast(pa.int64()), -1), np.int64)
-            return np.where(rank >= 0, rank * MAX_PARTITIONS + pid, -1)
-
-        row_codes = codes(frame)
+        code, in_range = key_codes(frame, self._sizes)
+        row_codes = np.where(in_range, code, -1)  # the keys are all in range: such a row matches none
         order = np.argsort(row_codes, kind="stable")
         ranked = row_codes[order]
-        key_codes = codes(self._keys)
-        first = np.searchsorted(ranked, key_codes, "left")
-        counts = np.searchsorted(ranked, key_codes, "right") - first
-        key_of_row = np.repeat(np.arange(key_codes.size), counts)
+        wanted = key_codes(self._keys, self._sizes)[0]
+        first = np.searchsorted(ranked, wanted, "left")
+        counts = np.searchsorted(ranked, wanted, "right") - first
+        key_of_row = np.repeat(np.arange(wanted.size), counts)
         offsets = np.cumsum(counts) - counts
         rows = order[np.repeat(first - offsets, counts) + np.arange(int(counts.sum()))]
         return frame.take(pa.array(rows)).append_column(
@@ -495,9 +487,10 @@ def _evaluate(spark: SparkSession, previous: Previous, settings: Settings, outco
     shared = _Shared(tuple(facts), tuple(group_sets), tuple(replica_sets), dict(node_rows), settings,
                      tuple(shared_lists.values), tuple(shared_matrices.values))
     # the rows the pass reads: each scenario's recomputed partitions with their copies (as many as the ideal has)
-    copies = committed_ideal.num_rows / max(1, previous.arrow("partition_versions").num_rows)
+    sizes = {name: s.partitions for h in outcomes for name, s in h.groups.items()}
+    copies = committed_ideal.num_rows / max(1, sum(sizes.values()))
     if previous.warehouse.reads_on_driver and key_table.num_rows * copies <= previous.warehouse.driver_replicas:
-        arrow_rows = _ScenarioArrowRows(previous, key_table)
+        arrow_rows = _ScenarioArrowRows(previous, key_table, sizes)
         tagged_rows = pa.concat_tables([
             *kernel_input(arrow_rows, None),
             arrow_rows.tagged(arrow_rows.unsettled(arrow_rows.read("ideal_assignment")), IDEAL_BEFORE)])

@@ -82,6 +82,14 @@ def _dimensions(
     return nodes, groups
 
 
+def _ranked_and_balanced(
+    node_rows: Iterable[Mapping[str, Any]], group_rows: Iterable[Mapping[str, Any]]
+) -> tuple[NodeSet, list[GroupSettings], list[GroupSettings]]:
+    """The servers, the groups ranked one partition at a time, and the ``balanced`` groups (placed together)."""
+    nodes, groups = _dimensions(node_rows, group_rows)
+    return nodes, [g for g in groups if g.affinity != BALANCED], [g for g in groups if g.affinity == BALANCED]
+
+
 def _rank_chunks(
     nodes: NodeSet, groups: list[GroupSettings], chunk_rows: int, ids_as_strings: bool
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -146,9 +154,7 @@ def ideal_assignment_of(
     settings: AffinitySettings,
 ) -> DataFrame:
     """:func:`ideal_assignment` of ``nodes`` and ``cache_groups`` rows already on the driver (same errors)."""
-    nodes, all_groups = _dimensions(node_rows, group_rows)
-    groups = [g for g in all_groups if g.affinity != BALANCED]
-    balanced = [g for g in all_groups if g.affinity == BALANCED]
+    nodes, groups, balanced = _ranked_and_balanced(node_rows, group_rows)
     total = sum(g.partitions for g in groups)
     parts = []
     if len(nodes) and balanced:
@@ -171,9 +177,7 @@ def ideal_assignment_arrow(
 ) -> pa.Table:
     """:func:`ideal_assignment_of` on the driver, as Arrow: the same rows from the same functions, no Spark job (a
     small cluster's placement for people to read)."""
-    nodes, all_groups = _dimensions(node_rows, group_rows)
-    groups = [g for g in all_groups if g.affinity != BALANCED]
-    balanced = [g for g in all_groups if g.affinity == BALANCED]
+    nodes, groups, balanced = _ranked_and_balanced(node_rows, group_rows)
     total = sum(g.partitions for g in groups)
     tables = [_ARROW_SCHEMA.empty_table()]
     if len(nodes) and balanced:

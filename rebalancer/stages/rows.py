@@ -64,7 +64,7 @@ from rebalancer.vocabulary import MAX_PARTITIONS, PARTITION_KEY
 
 __all__ = [
     "LARGE_TABLES", "SMALL_KINDS", "ArrowRows", "Decided", "KernelRows", "Rows", "SparkRows",
-    "arrow_schema", "kernel_input", "rows_for", "tagged", "tagged_arrow", "version_tables",
+    "arrow_schema", "kernel_input", "key_codes", "rows_for", "tagged", "tagged_arrow", "version_tables",
 ]
 
 #: Versioned tables with one row per partition or copy (with ``client_affinity``, built from one of them).
@@ -310,7 +310,7 @@ def _unversioned_schema(name: str) -> pa.Schema:
     return pa.schema([f for f in schema if f.name not in VERSION_COLUMNS])
 
 
-def _key_codes(t: pa.Table, sizes: Mapping[str, int]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+def key_codes(t: pa.Table, sizes: Mapping[str, int]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
     """Each row's partition as one integer (its group's rank among ``sizes``' groups x MAX_PARTITIONS + its
     partition id) and whether it is in range (a running group, a partition id below the group's count)."""
     names = sorted(sizes)
@@ -334,7 +334,7 @@ def _in_groups(t: pa.Table, names: frozenset[str] | set[str]) -> npt.NDArray[np.
 
 def unsettled_mask(t: pa.Table, scope: Scope, sizes: Mapping[str, int]) -> pa.Array:
     """Which rows of an Arrow table are of the recomputed partitions."""
-    code, in_range = _key_codes(t, sizes)
+    code, in_range = key_codes(t, sizes)
     if scope.everything:
         return pa.array(in_range)
     return pa.array(in_range & (_in_groups(t, scope.groups) | np.isin(code, _keys_of(scope.keys, sizes))))
@@ -342,7 +342,7 @@ def unsettled_mask(t: pa.Table, scope: Scope, sizes: Mapping[str, int]) -> pa.Ar
 
 def settled_mask(t: pa.Table, scope: Scope, sizes: Mapping[str, int]) -> pa.Array:
     """Which rows of an Arrow table are of the carried groups' settled partitions."""
-    code, in_range = _key_codes(t, sizes)
+    code, in_range = key_codes(t, sizes)
     carried = _in_groups(t, set(sizes) - set(scope.groups))
     return pa.array(in_range & carried & ~np.isin(code, _keys_of(scope.keys, sizes)))
 
