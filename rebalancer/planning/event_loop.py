@@ -48,7 +48,7 @@ class LoopInput:
     solo: ArrayLike  # duration alone (what a COPY adds to its source's bound work)
     first: ArrayLike  # rows of step 1
     work: ArrayLike  # per node: bound work so far (used when `balanced`)
-    limit: ArrayLike  # per node: direction limit (used when `lookahead`)
+    limit: ArrayLike  # per direction: inbound limits of the nodes, then outbound (2 * nn; used when `lookahead`)
     balanced: bool  # a COPY reads from the open pool member with the least work (else the first open one)
     lookahead: bool  # direction-aware admission (else slots only)
     nn: int  # nodes
@@ -221,7 +221,7 @@ def compile_ahead() -> bool:
     if _compiled_loop() is None:
         return False
     one_copy = LoopInput(action=[A_COPY], tgt=[1], src=[0], nxt=[-1], rank=[0], pool_node=[0], pool_start=[0, 1],
-                         nbytes=[1.0], stream=[1.0], solo=[1.0], first=[0], work=[0.0, 0.0], limit=[1.0, 1.0],
+                         nbytes=[1.0], stream=[1.0], solo=[1.0], first=[0], work=[0.0, 0.0], limit=[1.0] * 4,
                          balanced=True, lookahead=True, nn=2, cap=1, bw=1.0, overhead=0.0)
     run(one_copy, compiled=True)
     return True
@@ -428,7 +428,7 @@ def _loop(action, tgt, src, nxt, pool_node, pool_start, nbytes, stream, solo, fi
     def refresh(v):
         free = busy[v] < cap
         set_open(0, v, free and (k_in[v] == 0 or c_in[v] < limit[v]))
-        set_open(1, v, free and (k_out[v] == 0 or c_out[v] < limit[v]))
+        set_open(1, v, free and (k_out[v] == 0 or c_out[v] < limit[nn + v]))
         set_open(2, v, free)
 
     def enlist(v, p, bit):

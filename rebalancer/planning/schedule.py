@@ -33,10 +33,11 @@ Cost model (fluid, simulated event by event; parameters in :class:`CostModel`)
       COPY is *committed* to its target's inbound and its source's outbound direction from its start until its
       transfer is within ``overhead_s`` of its end at its current rate (so that a successor's overhead overlaps
       its last bytes). A direction is closed while its committed COPYs' stream rates add up to its limit, and is
-      never closed with nothing committed. Limits apply to the nodes that both receive COPYs and may send some:
-      ``bw`` where the node's bandwidth outweighs its slots (the fewest transfers that fill the link: 7 entry
-      transfers at the defaults) and ``bw - slowest stream`` where its slots outweigh its bandwidth (the most
-      that slow no transfer below its stream: 6); other nodes have none. PROMOTEs and DROPs need slots only.
+      never closed with nothing committed. Each candidate of ``portfolio`` sets the limits (Policies); in
+      *balanced* they apply to the nodes that both receive COPYs and may send some, in both directions: ``bw``
+      where the node's bandwidth outweighs its slots (the fewest transfers that fill the link: 7 entry transfers
+      at the defaults) and ``bw - slowest stream`` where its slots outweigh its bandwidth (the most that slow no
+      transfer below its stream: 6); other nodes have none. PROMOTEs and DROPs need slots only.
     * Waves: ``wave`` is the dense rank (1, 2, ...) of the distinct start times rounded to 1e-9 s: wave k is the
       k-th instant at which some steps start.
 
@@ -64,16 +65,24 @@ Policies (:data:`POLICIES`)
            drop many copies, such as a leaving one, from being every partition's supplier), then the fewest
            running COPYs sending from it, then the fewest bytes assigned, then ``node_id``. Direction-aware
            admission.
-        2. *filling* (plans under ``MORE_CANDIDATES_BELOW_STEPS`` steps, as 3 and 4): *balanced* with every
-           direction of every node admitting COPYs until their stream rates reach ``bw`` (7 entry transfers at
-           the defaults, where *balanced* stops slot-bound nodes at 6 and does not limit the others): a receiver
-           whose slots are also wanted by its own sends then fills its link.
-        3. *spread*: *balanced*'s order with every COPY's source fixed in advance by the linear program of
+        2. *filling* (plans under ``MORE_CANDIDATES_BELOW_STEPS`` steps, as 3 and 4): every direction of every
+           node admits COPYs until their stream rates reach ``bw`` (7 entry transfers at the defaults, where
+           *balanced* stops slot-bound nodes at 6 and does not limit the others): a receiver whose slots are also
+           wanted by its own sends then fills its link. Its order is *balanced*'s but for each node's *tail*: the
+           last ``FILLING_TAIL`` (30%) of the COPYs into a node, in *balanced*'s order, take the same places
+           longest first. A receiver's last transfers are then its short ones and end close together, instead of
+           one large transfer running alone at its stream rate while the link idles.
+        3. *spread*: every COPY's source fixed in advance by the linear program of
            :mod:`rebalancer.planning.sources` (each pool's COPYs split over its members so that the busiest node's
-           slot and send time is least), admission as *filling*. A node that is a candidate for many COPYs but
-           must also receive (its slots are wanted for both) sends only its share, and a COPY waits for its own
-           source rather than taking whichever candidate is open first.
-        4. *spread bottleneck*: the sources of *spread* in the *bottleneck* order (5), admission as *filling*.
+           slot and send time is least), admission as *filling*, *balanced*'s order with a tail of
+           ``SPREAD_TAIL`` (10%) longest first. A node that is a candidate for many COPYs but must also receive
+           (its slots are wanted for both) sends only its share, and a COPY waits for its own source rather than
+           taking whichever candidate is open first.
+        4. *paced*: *filling*'s order and sources, but every node's inbound direction admits COPYs only while none
+           is slowed below its stream rate (``bw - slowest stream``: 6 entry transfers), its outbound one until
+           ``bw``. No receiver then slows the transfers of senders whose slots are their bottleneck (a node that
+           both receives its own copies and sends half of another's: the XL failure of node445), and senders still
+           fill their links.
         5. *bottleneck*: slots only: urgent first, fewer owners, steps without a transfer first, then the larger
            *bottleneck load* (a node's load is the solo time of the steps it must host plus an even share of the
            COPYs it may send; a step's, the largest over its nodes, a COPY's source side at its least loaded
@@ -96,9 +105,10 @@ Policies (:data:`POLICIES`)
         work of the most loaded node's pairs first and left idle nodes at the end at cap 1 (26% over on M).
         Admitting by slots only let one direction fill a node's slots (cap 20, 19% over) and slowed transfers
         below their stream rate where slots were scarce (cap 10, 4.5%). What 2-4 are for: every single failure of
-        the suite's L cluster (docs/PLANNING.md, "Every failure"), where the lost copies' candidates are also
-        receivers and one node may be a candidate for three lost partitions: *balanced* alone was up to 19.5% over
-        the bound there (median 3.0%).
+        the suite's L and XL clusters (docs/PLANNING.md, "Every failure"), where the lost copies' candidates are
+        also receivers and one node may be a candidate for three lost partitions: *balanced* alone was up to 19.5%
+        over the bound there (median 3.0%). Longest first over a whole node's COPYs idles links (above); over its
+        tail only, it took the median L failure from 1.7% over the bound to 0.7%.
 
         *Exact pass.* On a plan of at most ``SOLVE_UP_TO_STEPS`` steps, in one priority class, whose shortest list
         schedule is longer than :func:`lower_bound`, CP-SAT (:mod:`rebalancer.planning.optimum`) searches for a
@@ -226,8 +236,13 @@ SOLVER_RESOLUTION = 50
 CP-SAT prove more in its time, and rounding every step up to a unit delays a queue's last by one unit per step."""
 
 MORE_CANDIDATES_BELOW_STEPS = 200_000
-"""``portfolio`` runs its candidates *filling*, *spread* and *spread bottleneck* on plans with fewer steps than this (a
-plan of a million steps would spend seconds on each; every suite plan has a few thousand)."""
+"""``portfolio`` runs its candidates *filling*, *spread* and *paced* on plans with fewer steps than this (a plan of a
+million steps would spend seconds on each; every suite plan has a few thousand)."""
+FILLING_TAIL = 0.3
+"""*filling* and *paced* rank the last this share of every node's incoming COPYs longest first (module docstring,
+"Policies"); measured over every single failure of the L cluster and every fifth of the XL (docs/PLANNING.md)."""
+SPREAD_TAIL = 0.1
+"""*spread* ranks the last this share of every node's incoming COPYs longest first."""
 
 PLAN_INPUT_SCHEMA = pa.schema(
     [
@@ -336,9 +351,10 @@ class _Candidate:
     ``rank``: dispatch priority per row (a permutation of ``0..n-1``, 0 first). ``pool_node`` / ``pool_start``:
     per row, the nodes a COPY may read from (as in :class:`_Plan`). ``work``: per node, the work bound to it so far
     (a COPY reads from the open pool member with the least, then fewest COPYs sending, then fewest bytes assigned,
-    then lowest index, and adds its solo duration), or None: the first open pool member. ``limits``: per node, the
-    committed stream rate from which a direction admits no further COPY (direction-aware admission, with the
-    release of transfers ending within ``overhead_s``), or None: slots only.
+    then lowest index, and adds its solo duration), or None: the first open pool member. ``limits``: per direction
+    (every node's inbound direction, then every node's outbound one: ``2 * nodes`` values), the committed stream
+    rate from which the direction admits no further COPY (direction-aware admission, with the release of transfers
+    ending within ``overhead_s``), or None: slots only.
     """
 
     rank: np.ndarray
@@ -1031,17 +1047,41 @@ def _candidates(p: _Plan, model: CostModel, solo: np.ndarray) -> list[_Candidate
     """``portfolio``'s list schedules, in the order they run (module docstring, "Policies")."""
     loads = _NodeLoads.of(p, model, solo)
     slack = _slack_rank(p, loads)
-    bottleneck = _bottleneck_rank(p, loads, solo)
     out = [_Candidate(slack, p.pool_node, p.pool_start, loads.pinned, loads.limits, "balanced")]
     if p.n < MORE_CANDIDATES_BELOW_STEPS:
-        full = np.full(len(p.nodes), model.node_bandwidth_bytes_per_s)
-        out.append(_Candidate(slack, p.pool_node, p.pool_start, loads.pinned, full, "filling"))
+        nn, bw = len(p.nodes), model.node_bandwidth_bytes_per_s
+        full = np.full(2 * nn, bw)
+        filling = _tail_largest_first(p, slack, solo, FILLING_TAIL)
+        out.append(_Candidate(filling, p.pool_node, p.pool_start, loads.pinned, full, "filling"))
         spread = _balance(p, model, solo, np.argsort(slack, kind="stable"))
         if spread is not None:
-            out += [_Candidate(slack, spread.pool_node, spread.pool_start, loads.pinned, full, "spread"),
-                    _Candidate(bottleneck, spread.pool_node, spread.pool_start, loads.pinned, full,
-                               "spread bottleneck")]
+            out.append(_Candidate(_tail_largest_first(p, slack, solo, SPREAD_TAIL), spread.pool_node,
+                                  spread.pool_start, loads.pinned, full, "spread"))
+        is_copy = p.action == A_COPY
+        unslowed = bw - float(p.stream[is_copy].min()) + _RATE_TOLERANCE if is_copy.any() else bw
+        paced = np.concatenate([np.full(nn, unslowed), np.full(nn, bw)])
+        out.append(_Candidate(filling, p.pool_node, p.pool_start, loads.pinned, paced, "paced"))
+    bottleneck = _bottleneck_rank(p, loads, solo)
     return [*out, _Candidate(bottleneck, p.pool_node, p.pool_start, loads.pinned, name="bottleneck"), _ordered(p)]
+
+
+def _tail_largest_first(p: _Plan, rank: np.ndarray, solo: np.ndarray, fraction: float) -> np.ndarray:
+    """``rank`` with the last ``fraction`` of every node's incoming COPYs (by count, rounded up, in ``rank`` order)
+    ranked longest first among the places they hold (module docstring, "Policies": a receiver's last transfers
+    short, so that they end close together)."""
+    rows = np.flatnonzero(p.action == A_COPY)
+    if fraction <= 0 or len(rows) == 0:
+        return rank
+    by_target = rows[np.lexsort((rank[rows], p.tgt[rows]))]  # each target's COPYs together, in rank order
+    target = p.tgt[by_target]
+    counts = np.bincount(target, minlength=len(p.nodes))
+    first = np.cumsum(counts) - counts
+    place = np.arange(len(by_target)) - first[target]
+    tail = by_target[place >= counts[target] - np.ceil(counts[target] * fraction)]
+    longest_first = tail[np.lexsort((rank[tail], -solo[tail], p.tgt[tail]))]
+    out = rank.copy()
+    out[longest_first] = rank[tail]
+    return out
 
 
 def _shortest(p: _Plan, model: CostModel, solo: np.ndarray, candidates: list[_Candidate]) -> _Timetable:
@@ -1089,7 +1129,7 @@ class _NodeLoads:
     ``rows`` / ``nodes`` / ``use``: every (row, node) incidence and the seconds of the node's dominant resource it
     takes (``dominant``: 0 slots, 1 inbound bandwidth, 2 outbound bandwidth); ``pinned``: per node, the solo time
     of the steps it must host (COPYs it receives, PROMOTEs and DROPs it takes part in); ``load``: per node,
-    seconds of its dominant resource; ``limits``: per node, direction-aware admission (:class:`_Candidate`).
+    seconds of its dominant resource; ``limits``: per direction, *balanced*'s admission (:class:`_Candidate`).
     """
 
     rows: np.ndarray
@@ -1124,7 +1164,8 @@ class _NodeLoads:
         two_way = (np.bincount(p.tgt[is_copy], minlength=nn) > 0) & (np.bincount(p.pool_node, minlength=nn) > 0)
         slowest = float(p.stream[is_copy].min()) if is_copy.any() else bw
         limits = np.where(two_way, np.where(dominant > 0, bw, bw - slowest + _RATE_TOLERANCE), np.inf)
-        return cls(rows, nodes, use, pinned_count, pinned.astype(np.float64), per_node.max(axis=0), limits)
+        return cls(rows, nodes, use, pinned_count, pinned.astype(np.float64), per_node.max(axis=0),
+                   np.tile(limits, 2))
 
 
 def _slack_rank(p: _Plan, loads: _NodeLoads) -> np.ndarray:
@@ -1198,8 +1239,9 @@ def _loop_input(p: _Plan, model: CostModel, cand: _Candidate, solo: np.ndarray) 
         action=p.action, tgt=p.tgt, src=p.src, nxt=p.nxt, rank=cand.rank, pool_node=cand.pool_node,
         pool_start=cand.pool_start, nbytes=p.nbytes, stream=p.stream, solo=solo, first=np.flatnonzero(is_first),
         work=cand.work if cand.work is not None else np.zeros(nn), balanced=cand.work is not None,
-        limit=cand.limits if cand.limits is not None else np.full(nn, math.inf), lookahead=cand.limits is not None,
-        nn=nn, cap=model.max_parallel_per_node, bw=model.node_bandwidth_bytes_per_s, overhead=model.overhead_s,
+        limit=cand.limits if cand.limits is not None else np.full(2 * nn, math.inf),
+        lookahead=cand.limits is not None, nn=nn, cap=model.max_parallel_per_node,
+        bw=model.node_bandwidth_bytes_per_s, overhead=model.overhead_s,
     )
 
 
