@@ -596,13 +596,13 @@ def test_a_direction_limit_holds_one_direction_of_a_node_and_not_the_other() -> 
 def test_a_tail_longest_first_moves_only_the_last_copies_into_each_node(
     plan_model: tuple[pa.Table, CostModel], fraction: float
 ) -> None:
-    """``_tail_largest_first``: a permutation; PROMOTEs and DROPs keep their places; the COPYs into a node keep the
+    """``_tail_longest_first``: a permutation; PROMOTEs and DROPs keep their places; the COPYs into a node keep the
     set of places they held, the first ``1 - fraction`` of them their own, and the rest hold theirs longest first."""
     plan, model = plan_model
     p = scheduler._decode(plan, PLAN_INPUT_SCHEMA.names, model)
     solo = scheduler._solo_durations(p, model)
     rank = np.random.default_rng(p.n).permutation(p.n)
-    out = scheduler._tail_largest_first(p, rank, solo, fraction)
+    out = scheduler._tail_longest_first(p, rank, solo, fraction)
     assert sorted(out.tolist()) == list(range(p.n))
     is_copy = p.action == A_COPY
     assert (out[~is_copy] == rank[~is_copy]).all()

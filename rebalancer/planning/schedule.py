@@ -1051,21 +1051,26 @@ def _candidates(p: _Plan, model: CostModel, solo: np.ndarray) -> list[_Candidate
     if p.n < MORE_CANDIDATES_BELOW_STEPS:
         nn, bw = len(p.nodes), model.node_bandwidth_bytes_per_s
         full = np.full(2 * nn, bw)
-        filling = _tail_largest_first(p, slack, solo, FILLING_TAIL)
+        filling = _tail_longest_first(p, slack, solo, FILLING_TAIL)
         out.append(_Candidate(filling, p.pool_node, p.pool_start, loads.pinned, full, "filling"))
         spread = _balance(p, model, solo, np.argsort(slack, kind="stable"))
         if spread is not None:
-            out.append(_Candidate(_tail_largest_first(p, slack, solo, SPREAD_TAIL), spread.pool_node,
+            out.append(_Candidate(_tail_longest_first(p, slack, solo, SPREAD_TAIL), spread.pool_node,
                                   spread.pool_start, loads.pinned, full, "spread"))
-        is_copy = p.action == A_COPY
-        unslowed = bw - float(p.stream[is_copy].min()) + _RATE_TOLERANCE if is_copy.any() else bw
-        paced = np.concatenate([np.full(nn, unslowed), np.full(nn, bw)])
+        paced = np.concatenate([np.full(nn, _unslowed(p, bw)), np.full(nn, bw)])
         out.append(_Candidate(filling, p.pool_node, p.pool_start, loads.pinned, paced, "paced"))
     bottleneck = _bottleneck_rank(p, loads, solo)
     return [*out, _Candidate(bottleneck, p.pool_node, p.pool_start, loads.pinned, name="bottleneck"), _ordered(p)]
 
 
-def _tail_largest_first(p: _Plan, rank: np.ndarray, solo: np.ndarray, fraction: float) -> np.ndarray:
+def _unslowed(p: _Plan, bw: float) -> float:
+    """The direction limit that slows no transfer below its stream rate: ``bw`` minus the slowest stream of the plan
+    (6 entry transfers at the defaults), or ``bw`` without COPYs."""
+    is_copy = p.action == A_COPY
+    return bw - float(p.stream[is_copy].min()) + _RATE_TOLERANCE if is_copy.any() else bw
+
+
+def _tail_longest_first(p: _Plan, rank: np.ndarray, solo: np.ndarray, fraction: float) -> np.ndarray:
     """``rank`` with the last ``fraction`` of every node's incoming COPYs (by count, rounded up, in ``rank`` order)
     ranked longest first among the places they hold (module docstring, "Policies": a receiver's last transfers
     short, so that they end close together)."""
@@ -1162,8 +1167,7 @@ class _NodeLoads:
         use = np.stack([slots, inbound, outbound])[dominant[nodes], np.arange(len(rows))]
         pinned = np.bincount(nodes[:pinned_count], weights=solo[rows[:pinned_count]], minlength=nn)
         two_way = (np.bincount(p.tgt[is_copy], minlength=nn) > 0) & (np.bincount(p.pool_node, minlength=nn) > 0)
-        slowest = float(p.stream[is_copy].min()) if is_copy.any() else bw
-        limits = np.where(two_way, np.where(dominant > 0, bw, bw - slowest + _RATE_TOLERANCE), np.inf)
+        limits = np.where(two_way, np.where(dominant > 0, bw, _unslowed(p, bw)), np.inf)
         return cls(rows, nodes, use, pinned_count, pinned.astype(np.float64), per_node.max(axis=0),
                    np.tile(limits, 2))
 
