@@ -596,8 +596,9 @@ def test_a_direction_limit_holds_one_direction_of_a_node_and_not_the_other() -> 
 def test_a_tail_longest_first_moves_only_the_last_copies_into_each_node(
     plan_model: tuple[pa.Table, CostModel], fraction: float
 ) -> None:
-    """``_tail_longest_first``: a permutation; PROMOTEs and DROPs keep their places; the COPYs into a node keep the
-    set of places they held, the first ``1 - fraction`` of them their own, and the rest hold theirs longest first."""
+    """``_tail_longest_first``: a permutation; PROMOTEs and DROPs keep their places; the COPYs into a node of one
+    priority class (urgency, owners) keep the set of places they held, the first ``1 - fraction`` of them their own,
+    and the rest hold theirs longest first."""
     plan, model = plan_model
     p = scheduler._decode(plan, PLAN_INPUT_SCHEMA.names, model)
     solo = scheduler._solo_durations(p, model)
@@ -606,8 +607,10 @@ def test_a_tail_longest_first_moves_only_the_last_copies_into_each_node(
     assert sorted(out.tolist()) == list(range(p.n))
     is_copy = p.action == A_COPY
     assert (out[~is_copy] == rank[~is_copy]).all()
-    for v in np.unique(p.tgt[is_copy]):
-        rows = np.flatnonzero(is_copy & (p.tgt == v))
+    urgent = (p.owners < p.replicas) | (p.owners <= 1)
+    for v, u, owners in {(int(a), bool(b), int(c)) for a, b, c in zip(p.tgt[is_copy], urgent[is_copy],
+                                                                      p.owners[is_copy], strict=True)}:
+        rows = np.flatnonzero(is_copy & (p.tgt == v) & (urgent == u) & (p.owners == owners))
         rows = rows[np.argsort(rank[rows])]
         assert sorted(out[rows].tolist()) == rank[rows].tolist()
         kept = len(rows) - int(np.ceil(len(rows) * fraction))

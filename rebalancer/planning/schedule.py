@@ -1073,17 +1073,20 @@ def _unslowed(p: _Plan, bw: float) -> float:
 def _tail_longest_first(p: _Plan, rank: np.ndarray, solo: np.ndarray, fraction: float) -> np.ndarray:
     """``rank`` with the last ``fraction`` of every node's incoming COPYs (by count, rounded up, in ``rank`` order)
     ranked longest first among the places they hold (module docstring, "Policies": a receiver's last transfers
-    short, so that they end close together)."""
+    short, so that they end close together). COPYs trade places only within one priority class (urgency and
+    ``owners``, the rank's first keys), so urgent partitions still go first."""
     rows = np.flatnonzero(p.action == A_COPY)
     if fraction <= 0 or len(rows) == 0:
         return rank
-    by_target = rows[np.lexsort((rank[rows], p.tgt[rows]))]  # each target's COPYs together, in rank order
-    target = p.tgt[by_target]
-    counts = np.bincount(target, minlength=len(p.nodes))
+    priority = event_loop.dense_codes(np.where(_urgent(p), 0, 1) + 2 * p.owners.astype(np.int64))[1]
+    group = event_loop.dense_codes(p.tgt * (int(priority.max()) + 1) + priority)[1]  # a target and a class
+    ordered = rows[np.lexsort((rank[rows], group[rows]))]  # each group's COPYs together, in rank order
+    g = group[ordered]
+    counts = np.bincount(g)
     first = np.cumsum(counts) - counts
-    place = np.arange(len(by_target)) - first[target]
-    tail = by_target[place >= counts[target] - np.ceil(counts[target] * fraction)]
-    longest_first = tail[np.lexsort((rank[tail], -solo[tail], p.tgt[tail]))]
+    place = np.arange(len(ordered)) - first[g]
+    tail = ordered[place >= counts[g] - np.ceil(counts[g] * fraction)]
+    longest_first = tail[np.lexsort((rank[tail], -solo[tail], group[tail]))]
     out = rank.copy()
     out[longest_first] = rank[tail]
     return out
