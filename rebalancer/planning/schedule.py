@@ -70,8 +70,9 @@ Policies (:data:`POLICIES`)
            *balanced* stops slot-bound nodes at 6 and does not limit the others): a receiver whose slots are also
            wanted by its own sends then fills its link. Its order is *balanced*'s but for each node's *tail*: the
            last ``FILLING_TAIL`` (30%) of the COPYs into a node, in *balanced*'s order, take the same places
-           longest first. A receiver's last transfers are then its short ones and end close together, instead of
-           one large transfer running alone at its stream rate while the link idles.
+           longest first (within each priority class, so urgent partitions still go first). A receiver's last
+           transfers are then its short ones and end close together, instead of one large transfer running alone
+           at its stream rate while the link idles.
         3. *spread*: every COPY's source fixed in advance by the linear program of
            :mod:`rebalancer.planning.sources` (each pool's COPYs split over its members so that the busiest node's
            slot and send time is least), admission as *filling*, *balanced*'s order with a tail of
