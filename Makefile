@@ -110,7 +110,8 @@ ignite-slow: $(JARS)
 # the first and the previous format are continued on both engines (CONTINUED_FORMATS). The persistent-cluster
 # scenarios run on delta-rs only (`make test`); `make ignite-slow` runs a live persistent cluster's baseline on
 # delta-spark. Of the exchange scenarios' two kernel paths, the longest story (a join, its moving backup, then the
-# switch: 104 s here) runs on the driver path only. About 27 minutes on 2 cores, machine idle, before the contract through Delta moved to Connect's tier
+# switch: 104 s here) runs on the driver path only. About 27 minutes on 2 cores, machine idle, before the contract
+# through Delta moved to Connect's tier
 # (2026-11-28: the slow tests 6.7, the tier 9.7, the previous format 1.9, the contract through Delta 4.5, the
 # formats through Delta 3.8): Delta runs its own Spark jobs for every commit. Rows built on the driver are committed
 # by delta-rs there (storage.driver_writer, docs/STORAGE.md): the storage contract runs in the last line, with Delta
