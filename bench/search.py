@@ -48,6 +48,8 @@ LIMIT_STREAMS = (3, 4, 5, 6, 7, 8)  # a direction admits at most this many of th
 def anneal(plan: pa.Table, model: scheduler.CostModel, evals: int, seed: int, temperature: float) -> dict:
     """The shortest schedule the annealing met, with what it took (module docstring)."""
     p = scheduler._decode(plan, scheduler.PLAN_INPUT_SCHEMA.names, model)
+    if not (p.action == scheduler.A_COPY).any():
+        raise ValueError("the plan has no COPY: nothing to search over")
     solo = scheduler._solo_durations(p, model)
     runs = [(scheduler._simulate(p, model, c, solo), c) for c in scheduler._candidates(p, model, solo)]
     start, cand = min(runs, key=lambda run: run[0].makespan)
