@@ -70,7 +70,7 @@ def anneal(plan: pa.Table, model: scheduler.CostModel, evals: int, seed: int, te
     source = start.chosen.astype(np.int64)
     limits = (cand.limits if cand.limits is not None else np.full(2 * nn, model.node_bandwidth_bytes_per_s)).copy()
     current = best = makespan(order, source, limits)
-    order_0, source_0, limits_0 = best_state = (order, source, limits)
+    first = best_state = (order, source, limits)
     rng = np.random.default_rng(seed)
     clock = time.process_time()
     for k in range(evals):
@@ -92,7 +92,6 @@ def anneal(plan: pa.Table, model: scheduler.CostModel, evals: int, seed: int, te
             order, source, limits, current = new_order, new_source, new_limits, value
             if value < best:
                 best, best_state = value, (order, source, limits)
-    first = (order_0, source_0, limits_0)
     order, source, limits = best_state
     # Each annealed choice alone, the starting candidate's other two kept.
     alone = {name: makespan(*(best_state[j] if j == k else first[j] for j in range(3)))
