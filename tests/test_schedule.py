@@ -11,6 +11,7 @@ every policy and check the invariants listed in :func:`test_schedule_invariants_
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 from typing import Any
@@ -591,6 +592,29 @@ def test_a_direction_limit_holds_one_direction_of_a_node_and_not_the_other() -> 
     assert outbound == pytest.approx([0.0, 0.0, 0.0])
 
 
+def test_a_step_waits_for_its_ready_instant_and_for_its_partition() -> None:
+    # The event loop's `ready_at` (the packed pass replays its plan with it). x -> a (4e7 bytes: 0.2 s) ready at
+    # 0.5 starts then though every slot is free; y -> b at 0 starts at 0; partition 2's PROMOTE (ready at 0.05)
+    # waits for its COPY to end (0.2 s) and its DROP, ready at 1.0, starts at 1.0 after the PROMOTE's 0.1 s.
+    rows = [step("COPY", "x", "a", pid=0, nbytes=40_000_000), step("COPY", "y", "b", pid=1, nbytes=40_000_000)]
+    rows += [step("COPY", "z", "c", pid=2, nbytes=40_000_000), step("PROMOTE", "z", "c", pid=2, no=2),
+             step("DROP", "z", pid=2, no=3)]
+    p = scheduler._decode(plan_of(*rows), PLAN_INPUT_SCHEMA.names, DEFAULT)
+    solo = scheduler._solo_durations(p, DEFAULT)
+    ready = np.zeros(p.n)
+    ready[(p.tgt == p.nodes.index("a"))] = 0.5
+    ready[p.action == scheduler.A_PROMOTE] = 0.05
+    ready[p.action == scheduler.A_DROP] = 1.0
+    cand = scheduler._Candidate(np.arange(p.n), p.pool_node, p.pool_start, ready_at=ready)
+    run = scheduler._simulate(p, DEFAULT, cand, solo)
+    start = dict(zip(p.rows.tolist(), run.start.tolist(), strict=True))
+    assert [start[k] for k in range(5)] == pytest.approx([0.5, 0.0, 0.0, 0.2, 1.0])
+    assert run.makespan == pytest.approx(1.1)
+    unready = scheduler._simulate(p, DEFAULT, dataclasses.replace(cand, ready_at=np.zeros(p.n)), solo)
+    plain = scheduler._simulate(p, DEFAULT, dataclasses.replace(cand, ready_at=None), solo)
+    assert np.array_equal(unready.start, plain.start) and np.array_equal(unready.end, plain.end)
+
+
 @given(random_plans(), st.sampled_from([0.0, 0.1, 0.3, 1.0]))
 @settings(deadline=None)
 def test_a_tail_longest_first_moves_only_the_last_copies_into_each_node(
@@ -622,9 +646,9 @@ def test_a_tail_longest_first_moves_only_the_last_copies_into_each_node(
 
 @pytest.mark.parametrize(
     ("size", "node", "most"),
-    # The three failures over 3% of the bound before the tails and *paced* (1.041, 1.040, 1.097), and node85 stays
-    # above (docs/PLANNING.md, "Every failure").
-    [("XL", 445, 1.03), ("L", 89, 1.03), ("L", 85, 1.065)],
+    # The three failures over 3% of the bound before the tails and *paced* (1.041, 1.040, 1.097); node85 stays
+    # above, at 1.044 since the packed pass (1.061 before; docs/PLANNING.md, "Every failure").
+    [("XL", 445, 1.03), ("L", 89, 1.03), ("L", 85, 1.045)],
 )
 def test_the_worst_single_failures_of_the_suite_clusters_against_the_bound(size: str, node: int, most: float) -> None:
     nodes, groups, partitions, backups, nbytes = CLUSTERS[size]

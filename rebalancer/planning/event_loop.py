@@ -55,6 +55,7 @@ class LoopInput:
     cap: int  # max_parallel_per_node
     bw: float  # node_bandwidth_bytes_per_s
     overhead: float  # overhead_s
+    ready_at: ArrayLike | None = None  # per row, the earliest instant it may start (None: 0 for every row)
 
 
 def run(
@@ -80,10 +81,11 @@ def run(
         compiled = n >= COMPILED_FROM_STEPS and _compiled_loop() is not None
     rank = np.asarray(x.rank, dtype=np.int64)
     x = _by_rank(x, rank)
+    ready_at = np.zeros(n) if x.ready_at is None else np.asarray(x.ready_at, dtype=np.float64)
     # One type per argument (int64 or float64 arrays, bool, int, float): numba compiles once per signature.
     arrays = [np.array(a, dtype=np.float64 if np.asarray(a).dtype.kind == "f" else np.int64) for a in (
         x.action, x.tgt, x.src, x.nxt, x.pool_node, x.pool_start, x.nbytes, x.stream, x.solo, x.first, x.work,
-        x.limit, *_layout(x))]  # copies: the loop adds to `work`
+        x.limit, ready_at, *_layout(x))]  # copies: the loop adds to `work`
     # A freed node's waiting pairs are found by walking its list of them while it has at most `walk_words` entries
     # per word of partner bits, else by scanning the bits (`pairs_to_look_at`); both find the same pairs. Compiled,
     # a word is one sequential read and a list entry a few scattered ones (its pair's arrays): always scan (a
@@ -125,7 +127,8 @@ def _by_rank(x: LoopInput, rank: np.ndarray) -> LoopInput:
         nxt=np.where(nxt >= 0, rank[np.maximum(nxt, 0)], -1), rank=np.arange(n, dtype=np.int64),
         pool_node=np.asarray(x.pool_node)[pool_rows], pool_start=new_start, nbytes=np.asarray(x.nbytes)[row],
         stream=np.asarray(x.stream)[row], solo=np.asarray(x.solo)[row],
-        first=np.sort(rank[np.asarray(x.first, dtype=np.int64)]))
+        first=np.sort(rank[np.asarray(x.first, dtype=np.int64)]),
+        ready_at=None if x.ready_at is None else np.asarray(x.ready_at, dtype=np.float64)[row])
 
 
 def _layout(x: LoopInput) -> tuple[np.ndarray, ...]:
@@ -246,7 +249,7 @@ def _compiled_loop():  # a numba dispatcher, or None without numba
 _N_EVENTS, _N_FREED, _N_FRONT, _NODE_STAMP = range(4)
 
 
-def _loop(action, tgt, src, nxt, pool_node, pool_start, nbytes, stream, solo, first, work, limit, pool_pair,
+def _loop(action, tgt, src, nxt, pool_node, pool_start, nbytes, stream, solo, first, work, limit, ready_at, pool_pair,
           row_pair, pair_u, pair_w, pair_slot, heap_start, pairs_start, in_start, out_start, partner_before,
           partner_bits, partner_pair, pair_at_u, pair_at_w, balanced, lookahead, nn, cap, bw, overhead, horizon,
           walk_words):
@@ -303,13 +306,14 @@ def _loop(action, tgt, src, nxt, pool_node, pool_start, nbytes, stream, solo, fi
     # The same as bits, by the pair's two nodes, for `scan`: bit w % 32 of holding[(relation * nn + v) * words +
     # w // 32] is set while v's pair with w in that relation (`_partners`) holds steps (heap_len > 0).
     holding = np.zeros(3 * nn * words, dtype=np.int64)
-    # Events: one per row and kind (0 overhead end, 1 transfer end, 2 direction release), id kind * n + row, in a
-    # heap ordered by (time, kind, row) that moves an event when its time changes (`event_at`: its position).
-    event_heap = np.zeros(3 * n, dtype=np.int64)
-    heap_time = np.zeros(3 * n)
-    event_at = np.full(3 * n, -1, dtype=np.int64)
+    # Events: one per row and kind (0 overhead end, 1 transfer end, 2 direction release, 3 the row's `ready_at`: it
+    # becomes ready), id kind * n + row, in a heap ordered by (time, kind, row) that moves an event when its time
+    # changes (`event_at`: its position).
+    event_heap = np.zeros(4 * n, dtype=np.int64)
+    heap_time = np.zeros(4 * n)
+    event_at = np.full(4 * n, -1, dtype=np.int64)
     # Scratch lists of one instant / one dispatch.
-    batch = np.zeros(3 * n, dtype=np.int64)
+    batch = np.zeros(4 * n, dtype=np.int64)
     freed = np.zeros(nn, dtype=np.int64)
     node_mark = np.zeros(nn, dtype=np.int64)  # == count[_NODE_STAMP]: freed in this instant
     ready = np.zeros(n, dtype=np.int64)
@@ -710,9 +714,14 @@ def _loop(action, tgt, src, nxt, pool_node, pool_start, nbytes, stream, solo, fi
                 moving[q] = moving[first_slot + size - 1]
                 return
 
+    n_ready = 0
     for q in range(len(first)):
-        ready[q] = first[q]
-    dispatch(0.0, 0, len(first))
+        if ready_at[first[q]] > 0.0:
+            event_set(3 * n + first[q], ready_at[first[q]])
+        else:
+            ready[n_ready] = first[q]
+            n_ready += 1
+    dispatch(0.0, 0, n_ready)
     last = 0.0
     while count[_N_EVENTS] > 0:
         t = heap_time[0]
@@ -730,8 +739,12 @@ def _loop(action, tgt, src, nxt, pool_node, pool_start, nbytes, stream, solo, fi
         n_entering = 0
         n_reshares = 0
         for q in range(n_batch):
-            kind = 0 if batch[q] < n else 1 if batch[q] < 2 * n else 2
+            kind = batch[q] // n
             i = batch[q] - kind * n
+            if kind == 3:  # its `ready_at`: it is ready
+                ready[n_ready] = i
+                n_ready += 1
+                continue
             if kind == 2:
                 if committed[i]:
                     release(i)
@@ -786,8 +799,11 @@ def _loop(action, tgt, src, nxt, pool_node, pool_start, nbytes, stream, solo, fi
                     refresh(w)
                     free(w)
             if nxt[i] >= 0:
-                ready[n_ready] = nxt[i]
-                n_ready += 1
+                if ready_at[nxt[i]] > instant:
+                    event_set(3 * n + nxt[i], ready_at[nxt[i]])
+                else:
+                    ready[n_ready] = nxt[i]
+                    n_ready += 1
         n_rerate = 0
         for q in range(n_reshares):
             n_rerate = reshare(reshares[q], n_rerate)

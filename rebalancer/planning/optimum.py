@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from rebalancer.planning import packing
 from rebalancer.planning.event_loop import A_COPY, A_PROMOTE
 
 __all__ = ["UNIT_S", "Problem", "Solution", "solve"]
@@ -331,52 +332,21 @@ def compact(p: Problem, start_units: np.ndarray, chosen: np.ndarray) -> np.ndarr
     order they start there (a step after the one before it in its partition), each at the earliest instant no
     earlier than its partition's previous step's end where every node it touches has a free slot, and its transfer
     a free place in both directions (``_direction_limits``), for its real duration (the serial schedule generation
-    scheme in continuous time). Each step starts no later than its grid start: every step placed before it started
-    no later and lasts no longer than its rounded length, so its grid start is one of the instants tried. So the
-    schedule is as legal as the solution and no longer.
+    scheme in continuous time, :func:`rebalancer.planning.packing.serial_schedule`). Each step starts no later than
+    its grid start: every step placed before it started no later and lasts no longer than its rounded length, so its
+    grid start is one of the instants tried. So the schedule is as legal as the solution and no longer.
     """
-    n = p.n
     in_limit, out_limit = _direction_limits(p)
-    lead = p.overhead
-    length = np.asarray(p.solo, dtype=np.float64)
-    slots: list[list[tuple[float, float]]] = [[] for _ in range(p.nn)]
-    inbound: list[list[tuple[float, float]]] = [[] for _ in range(p.nn)]
-    outbound: list[list[tuple[float, float]]] = [[] for _ in range(p.nn)]
-    ends: list[float] = []
-    ready = np.zeros(n)
-    start = np.zeros(n)
-
-    def fits(intervals: list[tuple[float, float]], lo: float, hi: float, most: int) -> bool:
-        """Fewer than ``most`` of ``intervals`` overlap at every instant of [lo, hi)."""
-        inside = [(s, e) for s, e in intervals if s < hi and e > lo]
-        if len(inside) < most:
-            return True
-        return all(sum(1 for s2, e2 in inside if s2 <= x < e2) < most for x in {lo, *(s for s, _ in inside if s > lo)})
-
-    for i in _in_start_order(p, start_units):
-        a = int(p.action[i])
-        touched = _touched(p, i, chosen)
-        d = float(length[i])
-        moving = a == A_COPY and p.nbytes[i] > 0
-        earliest = float(ready[i])
-        instants = {earliest, *(e for e in ends if e > earliest), *(e - lead for e in ends if e - lead > earliest)}
-        for t in sorted(instants):
-            if not all(fits(slots[v], t, t + d, p.cap) for v in touched):
-                continue
-            if moving and not (fits(inbound[touched[0]], t + lead, t + d, int(in_limit[touched[0]]))
-                               and fits(outbound[touched[1]], t + lead, t + d, int(out_limit[touched[1]]))):
-                continue
-            break
-        start[i] = t
-        for v in touched:
-            slots[v].append((t, t + d))
-        if moving:
-            inbound[touched[0]].append((t + lead, t + d))
-            outbound[touched[1]].append((t + lead, t + d))
-        ends.append(t + d)
-        if p.nxt[i] >= 0:
-            ready[p.nxt[i]] = t + d
-    return start
+    is_copy = p.action == A_COPY
+    chosen = np.asarray(chosen, dtype=np.int64)
+    steps = packing.Steps(
+        node=np.where(is_copy, p.tgt, p.src), other=np.where(is_copy, chosen, np.where(p.action == A_PROMOTE, p.tgt,
+                                                                                         p.src)),
+        moving=is_copy & (p.nbytes > 0), length=np.asarray(p.solo, dtype=np.float64), nxt=p.nxt,
+        lanes=np.concatenate([in_limit, out_limit]), nn=p.nn, cap=p.cap, overhead=p.overhead)
+    position = np.empty(p.n)
+    position[_in_start_order(p, start_units)] = np.arange(p.n)
+    return packing.serial_schedule(steps, position)
 
 
 def _in_start_order(p: Problem, start: np.ndarray) -> list[int]:

@@ -47,10 +47,10 @@ Policies (:data:`POLICIES`)
 
     ``portfolio``
         The shortest of its list schedules (the first on a tie), each simulated in full; one is abandoned as soon
-        as it runs past the shortest so far; then, on small plans, the exact pass (below). All candidates put first
-        the partitions SPEC 4 sends first (*urgent*: ``owners < replicas`` or ``owners <= 1``), so at every instant
-        the urgent ready steps are offered the free slots before any other: no other step takes a slot an urgent
-        ready step could use. In the order they run:
+        as it runs past the shortest so far; then the packed pass and, on small plans, the exact pass (below), both
+        on plans in one priority class only. All candidates put first the partitions SPEC 4 sends first (*urgent*:
+        ``owners < replicas`` or ``owners <= 1``), so at every instant the urgent ready steps are offered the free
+        slots before any other: no other step takes a slot an urgent ready step could use. In the order they run:
 
         1. *balanced*: priority (1) urgent first; (2) fewer ``owners``; (3) steps without a transfer (PROMOTE,
            DROP) before COPYs; (4) least *slack*; (5) ``(group_name, partition_id, step)``. A node's work is
@@ -111,8 +111,20 @@ Policies (:data:`POLICIES`)
         over the bound there (median 3.0%). Longest first over a whole node's COPYs idles links (above); over its
         tail only, it took the median L failure from 1.7% over the bound to 0.7%.
 
-        *Exact pass.* On a plan of at most ``SOLVE_UP_TO_STEPS`` steps, in one priority class, whose shortest list
-        schedule is longer than :func:`lower_bound`, CP-SAT (:mod:`rebalancer.planning.optimum`) searches for a
+        *Packed pass.* On a plan within ``PACK_UP_TO_WORK``, in one priority class, whose shortest list
+        schedule is longer than :func:`lower_bound`: every COPY's source fixed (the linear program's rounding, as
+        *spread*, then single COPYs moved between pool members while that lowers the busiest node's time), every
+        step placed, in *balanced*'s order, at the earliest instant its slots and its directions' *lanes* are free
+        (a serial schedule generation scheme in continuous time), then ``PACK_ROUNDS`` forward-backward rounds,
+        once with lanes that slow no transfer (6 entry transfers per direction) and once with one lane more where a
+        link holds its node back; the shorter plan is replayed by the event loop, each step ready at its planned
+        start, slots only (:mod:`rebalancer.planning.packing`, which proves that the replay is no longer than the
+        plan). A list schedule starts steps only at events and in one order; this one keeps each node's transfers
+        staggered and fills the gaps behind them. Its schedule replaces the list schedule only when strictly
+        shorter. Like the exact pass it ignores urgency, so it does not run across priority classes.
+
+        *Exact pass.* On a plan of at most ``SOLVE_UP_TO_STEPS`` steps, in one priority class, whose shortest
+        schedule so far is longer than :func:`lower_bound`, CP-SAT (:mod:`rebalancer.planning.optimum`) searches for a
         shorter schedule, starting from that one: one worker, seed 0, ``SOLVER_DETERMINISTIC_TIME`` of deterministic
         time, time counted in units of the greedy makespan / (``SOLVER_RESOLUTION`` * the longest queue a slot may
         have), its solution's grid gaps closed afterwards (:func:`rebalancer.planning.optimum.compact`). Its schedule
@@ -175,8 +187,9 @@ Lower bound (:func:`lower_bound`, :func:`lower_bound_terms`)
 
 Implementation
     The event loop is :mod:`rebalancer.planning.event_loop` (run as Python for small plans, compiled by numba for
-    large ones, with the same result). An event queue holds overhead ends, transfer ends and direction releases
-    (an event moves when a transfer's rate changes). Events less than 1e-9 s apart are processed as one instant,
+    large ones, with the same result). An event queue holds overhead ends, transfer ends, direction releases and
+    the instants rows become ready when a candidate gives them one (*packed*; an event moves when a transfer's rate
+    changes). Events less than 1e-9 s apart are processed as one instant,
     so symmetric transfers end together despite rounding. After an event only the transfers sharing a sender or a
     receiver with a transfer that started or ended can change rate, and only those whose stream exceeds the new
     fair share ``bw / count``. A ready step that does not fit waits in a heap, ordered by priority, per pair of
@@ -199,7 +212,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rebalancer.planning import event_loop, sources
+from rebalancer.planning import event_loop, packing, sources
 from rebalancer.planning import optimum as cpsat
 from rebalancer.planning.event_loop import A_COPY, A_DROP, A_PROMOTE
 from rebalancer.vocabulary import COPY, DROP, ENTRIES, FILES, PROMOTE
@@ -244,6 +257,14 @@ FILLING_TAIL = 0.3
 "Policies"); measured over every single failure of the L cluster and every fifth of the XL (docs/PLANNING.md)."""
 SPREAD_TAIL = 0.1
 """*spread* ranks the last this share of every node's incoming COPYs longest first."""
+PACK_UP_TO_WORK = 1_000_000
+"""``portfolio`` runs *packed* on plans whose steps times the most steps that may touch one node is at most this
+(module docstring, "Packed pass"): placing a step scans what was placed on its nodes before it. Every single failure
+of the suite's L and XL clusters is under it (at most 740,000: 0.3-1.0 s of CPU for the pass); its M failures and
+scale-ups (3.5-57 million: 2-9 s) and its XXL failure (1.7 million) are over it (docs/PLANNING.md, "Every
+failure")."""
+PACK_ROUNDS = 2
+"""Forward-backward rounds of *packed* (:mod:`rebalancer.planning.packing`)."""
 
 PLAN_INPUT_SCHEMA = pa.schema(
     [
@@ -364,6 +385,7 @@ class _Candidate:
     work: np.ndarray | None = None
     limits: np.ndarray | None = None
     name: str = ""
+    ready_at: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -384,9 +406,9 @@ class ScheduleStats:
     Attributes:
         policy: the policy.
         makespan_s: the schedule's makespan.
-        chosen: what made it: ``portfolio``'s candidate (``balanced``, ``filling``, ``spread``, ``spread
-            bottleneck``, ``bottleneck``, ``ordered``) or ``solver``; the policy's name otherwise.
-        greedy_makespan_s: ``portfolio``'s shortest list schedule (the makespan without the solver).
+        chosen: what made it: ``portfolio``'s candidate (``balanced``, ``filling``, ``spread``, ``paced``,
+            ``bottleneck``, ``ordered``), ``packed`` or ``solver``; the policy's name otherwise.
+        greedy_makespan_s: ``portfolio``'s shortest schedule before the solver (a list schedule, or ``packed``).
         solver_status: CP-SAT's status when the solver ran (module docstring, "Exact pass"), else None.
         solver_seconds: wall seconds in the solver (0.0 when it did not run).
         solver_deterministic_time: CP-SAT's deterministic time spent (its limit: ``SOLVER_DETERMINISTIC_TIME``).
@@ -437,7 +459,12 @@ def schedule_with_stats(plan: pa.Table, model: CostModel, policy: str = "portfol
         run = _run_policy(p, model, solo, policy)
         return _with_schedule(plan, p, run), ScheduleStats(policy, run.makespan, policy, run.makespan)
     greedy = _portfolio(p, model, solo)
-    run, stats = _exact_pass(plan, p, model, solo, greedy)
+    packs, solves = _packs(p), 0 < p.n <= SOLVE_UP_TO_STEPS
+    # The passes run only above the lower bound, and only in one priority class: the bound costs a linear program.
+    bound = lower_bound_terms(plan, model).value if (packs or solves) and _one_class(p) else math.inf
+    if packs:
+        greedy = _packed_pass(p, model, solo, greedy, bound)
+    run, stats = _exact_pass(p, model, solo, greedy, bound)
     return _with_schedule(plan, p, run), stats
 
 
@@ -449,20 +476,52 @@ def _run_policy(p: _Plan, model: CostModel, solo: np.ndarray, policy: str) -> _T
     return _portfolio(p, model, solo)
 
 
+def _one_class(p: _Plan) -> bool:
+    """Every partition in one priority class (all urgent or none): the passes that ignore urgency may run."""
+    urgent = _urgent(p)
+    return bool(urgent.all() or not urgent.any())
+
+
+def _packs(p: _Plan) -> bool:
+    """The plan is within ``PACK_UP_TO_WORK``: the packed pass may run."""
+    return p.n > 0 and p.n * _most_steps_on_a_node(p) <= PACK_UP_TO_WORK
+
+
+def _packed_pass(p: _Plan, model: CostModel, solo: np.ndarray, greedy: _Timetable, bound: float) -> _Timetable:
+    """``portfolio``'s packed pass (module docstring, "Packed pass") on a plan in one priority class whose greedy
+    makespan is above ``bound`` (the lower bound; ``inf`` across classes): the packed schedule replayed by the event
+    loop, when strictly shorter."""
+    if greedy.makespan <= bound * (1 + 1e-9):
+        return greedy
+    nn, cap = len(p.nodes), model.max_parallel_per_node
+    bw, overhead = model.node_bandwidth_bytes_per_s, model.overhead_s
+    loads = _NodeLoads.of(p, model, solo)
+    key = _slack_rank(p, loads)
+    spread = _balance(p, model, solo, np.argsort(key, kind="stable"))
+    start_from = greedy.chosen.astype(np.int64)  # each COPY's source: the linear program's rounding if it ran
+    if spread is not None:
+        copies = np.flatnonzero(p.action == A_COPY)
+        start_from[copies] = spread.pool_node[spread.pool_start[copies]]
+    source = packing.balanced_sources(p.action, p.src, p.tgt, p.pool_node, p.pool_start, start_from, p.nbytes, solo,
+                                      nn, cap, bw)
+    start, _ = packing.pack(p.action, p.src, p.tgt, p.nxt, p.pool_node, p.pool_start, source, p.nbytes, p.stream, key,
+                            nn, cap, bw, overhead, PACK_ROUNDS)
+    rank = np.empty(p.n, dtype=np.int64)
+    rank[np.lexsort((key, start))] = np.arange(p.n, dtype=np.int64)
+    is_copy = p.action == A_COPY  # a pool of one: the COPY's source
+    pool_start = np.concatenate([[0], np.cumsum(is_copy)]).astype(np.int64)
+    replay = _simulate(p, model, _Candidate(rank, source[is_copy], pool_start, name="packed", ready_at=start), solo)
+    return replay if replay.makespan < greedy.makespan * (1 - 1e-9) else greedy
+
+
 def _exact_pass(
-    plan: pa.Table, p: _Plan, model: CostModel, solo: np.ndarray, greedy: _Timetable
+    p: _Plan, model: CostModel, solo: np.ndarray, greedy: _Timetable, bound: float
 ) -> tuple[_Timetable, ScheduleStats]:
     """``portfolio``'s exact pass (module docstring, "Exact pass"): CP-SAT from the greedy schedule on plans of at most
-    ``SOLVE_UP_TO_STEPS`` steps in one priority class whose greedy makespan is above the lower bound; its schedule
-    replaces the greedy one only when strictly shorter."""
+    ``SOLVE_UP_TO_STEPS`` steps in one priority class whose greedy makespan is above ``bound`` (the lower bound;
+    ``inf`` across classes); its schedule replaces the greedy one only when strictly shorter."""
     stats = ScheduleStats("portfolio", greedy.makespan, greedy.name, greedy.makespan)
-    if not 0 < p.n <= SOLVE_UP_TO_STEPS:
-        return greedy, stats
-    urgent = _urgent(p)
-    if urgent.any() and not urgent.all():
-        return greedy, stats
-    bound = lower_bound_terms(plan, model).value
-    if greedy.makespan <= bound * (1 + 1e-9):
+    if not 0 < p.n <= SOLVE_UP_TO_STEPS or greedy.makespan <= bound * (1 + 1e-9):
         return greedy, stats
     found = _solve(p, model, solo, greedy, max_deterministic_time=SOLVER_DETERMINISTIC_TIME, seed=0,
                    lower_bound_s=bound, unit_s=greedy.makespan / (SOLVER_RESOLUTION * _longest_queue(p, model)),
@@ -568,8 +627,13 @@ def _longest_queue(p: _Plan, model: CostModel) -> int:
     """The most steps one slot of a node may have to run one after the other (the steps that may touch the node over
     its cap, at least 1): the exact pass's time unit is this much finer, so that rounding each step up to a unit
     delays a node's last step by a small share of the makespan."""
+    return max(1, -(-_most_steps_on_a_node(p) // model.max_parallel_per_node))
+
+
+def _most_steps_on_a_node(p: _Plan) -> int:
+    """The most steps that may touch one node (a COPY its target and every pool member)."""
     nodes = np.concatenate([p.tgt[p.tgt >= 0], p.src[p.action != A_COPY], p.pool_node])
-    return max(1, -(-int(np.bincount(nodes, minlength=len(p.nodes)).max(initial=0)) // model.max_parallel_per_node))
+    return int(np.bincount(nodes, minlength=len(p.nodes)).max(initial=0))
 
 
 def _solved_timetable(found: cpsat.Solution, problem: cpsat.Problem) -> _Timetable | None:
@@ -1249,7 +1313,7 @@ def _loop_input(p: _Plan, model: CostModel, cand: _Candidate, solo: np.ndarray) 
         work=cand.work if cand.work is not None else np.zeros(nn), balanced=cand.work is not None,
         limit=cand.limits if cand.limits is not None else np.full(2 * nn, math.inf),
         lookahead=cand.limits is not None, nn=nn, cap=model.max_parallel_per_node,
-        bw=model.node_bandwidth_bytes_per_s, overhead=model.overhead_s,
+        bw=model.node_bandwidth_bytes_per_s, overhead=model.overhead_s, ready_at=cand.ready_at,
     )
 
 
