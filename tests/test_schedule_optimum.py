@@ -286,12 +286,13 @@ def test_bound_optimum_and_portfolio_in_order_and_portfolio_within_three_percent
 @given(st.integers(0, 2**32 - 1), st.integers(2, 6), st.integers(1, 12), st.integers(1, 4),
        st.sampled_from([2e8, 1e9, 2.5e9]), st.sampled_from([0.0, 0.01, 0.1]))
 @settings(max_examples=max(EXAMPLES // 2, 1), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_the_exact_pass_keeps_to_the_cost_model_where_links_are_shared(
+def test_the_exact_and_packed_passes_keep_to_the_cost_model_where_links_are_shared(
     seed: int, nodes: int, partitions: int, cap: int, bw: float, overhead: float
 ) -> None:
     """Where ``cap * stream > bw`` the solver keeps to schedules whose transfers all run at their stream rate (at most
-    ``floor(bw / stream)`` per node and direction): its schedule, when ``portfolio`` keeps it, must be the cost
-    model's for its starts and sources, entries and files alike, and shorter than the greedy one."""
+    ``floor(bw / stream)`` per node and direction), and the packed pass plans each transfer at the slowest rate its
+    lanes allow: either schedule, when ``portfolio`` keeps it, must be legal and the cost model's for its starts
+    and sources, entries and files alike, and no longer than the greedy one."""
     plan = random_plan(seed, nodes, partitions, one_class=True)
     model = CostModel(max_parallel_per_node=cap, node_bandwidth_bytes_per_s=bw, overhead_s=overhead)
     out, stats = schedule_with_stats(plan, model)
@@ -300,5 +301,19 @@ def test_the_exact_pass_keeps_to_the_cost_model_where_links_are_shared(
     assert makespan(out) == pytest.approx(stats.makespan_s)
     if stats.chosen == "solver":
         assert stats.makespan_s < stats.greedy_makespan_s
+    if stats.chosen in ("solver", "packed"):
         assert_legal(plan, out, model)
+    assert lower_bound(out, model) <= stats.makespan_s + EPS
+
+
+@pytest.mark.parametrize("event", [FAILED, DRAINING])
+def test_a_packed_schedule_is_legal_and_the_cost_models(event: str) -> None:
+    """Plans where the packed pass wins (6 nodes, 4 groups of 32 partitions, 2 backups: a failure of 68 COPYs and a
+    drain of 136 steps, COPYs, PROMOTEs and DROPs in chains): the replayed schedule is legal and its times are the
+    fluid model's for its starts and sources."""
+    plan = scenario_plan(Change("small", event.lower(), 6, 4, 32, 2, event, "node1"))
+    model = CostModel()
+    out, stats = schedule_with_stats(plan, model)
+    assert stats.chosen == "packed"
+    assert_legal(plan, out, model)
     assert lower_bound(out, model) <= stats.makespan_s + EPS

@@ -112,7 +112,7 @@ Policies (:data:`POLICIES`)
         tail only, it took the median L failure from 1.7% over the bound to 0.7%.
 
         *Packed pass.* On a plan within ``PACK_UP_TO_WORK``, in one priority class, whose shortest list
-        schedule is longer than :func:`lower_bound`: every COPY's source fixed (the linear program's rounding, as
+        schedule is more than ``PACK_ABOVE`` (1%) over :func:`lower_bound`: every COPY's source fixed (the linear program's rounding, as
         *spread*, then single COPYs moved between pool members while that lowers the busiest node's time), every
         step placed, in *balanced*'s order, at the earliest instant its slots and its directions' *lanes* are free
         (a serial schedule generation scheme in continuous time), then ``PACK_ROUNDS`` forward-backward rounds,
@@ -263,6 +263,10 @@ PACK_UP_TO_WORK = 1_000_000
 of the suite's L and XL clusters is under it (at most 740,000: 0.3-1.0 s of CPU for the pass); its M failures and
 scale-ups (3.5-57 million: 2-9 s) and its XXL failure (1.7 million) are over it (docs/PLANNING.md, "Every
 failure")."""
+PACK_ABOVE = 0.01
+"""``portfolio`` runs *packed* only where its list schedules are more than this share over the lower bound: there it
+gains at most that share, for 0.3-1 s of CPU per plan at L and XL, and ``what-if --sweep nodes`` schedules a plan per
+node (docs/PLANNING.md, "The packed pass")."""
 PACK_ROUNDS = 2
 """Forward-backward rounds of *packed* (:mod:`rebalancer.planning.packing`)."""
 
@@ -489,9 +493,9 @@ def _packs(p: _Plan) -> bool:
 
 def _packed_pass(p: _Plan, model: CostModel, solo: np.ndarray, greedy: _Timetable, bound: float) -> _Timetable:
     """``portfolio``'s packed pass (module docstring, "Packed pass") on a plan in one priority class whose greedy
-    makespan is above ``bound`` (the lower bound; ``inf`` across classes): the packed schedule replayed by the event
-    loop, when strictly shorter."""
-    if greedy.makespan <= bound * (1 + 1e-9):
+    makespan is more than ``PACK_ABOVE`` over ``bound`` (the lower bound; ``inf`` across classes): the packed
+    schedule replayed by the event loop, when strictly shorter."""
+    if greedy.makespan <= bound * (1 + PACK_ABOVE):
         return greedy
     nn, cap = len(p.nodes), model.max_parallel_per_node
     bw, overhead = model.node_bandwidth_bytes_per_s, model.overhead_s
