@@ -112,9 +112,9 @@ Policies (:data:`POLICIES`)
         tail only, it took the median L failure from 1.7% over the bound to 0.7%.
 
         *Packed pass.* On a plan within ``PACK_UP_TO_WORK``, in one priority class, whose shortest list
-        schedule is more than ``PACK_ABOVE`` (1%) over :func:`lower_bound`: every COPY's source fixed (the linear program's rounding, as
-        *spread*, then single COPYs moved between pool members while that lowers the busiest node's time), every
-        step placed, in *balanced*'s order, at the earliest instant its slots and its directions' *lanes* are free
+        schedule is more than ``PACK_ABOVE`` (1%) over :func:`lower_bound`: every COPY's source fixed (the linear
+        program's rounding, as *spread*, then single COPYs moved between pool members while that lowers the busiest
+        node's time), every step placed, in *balanced*'s order, at the earliest instant its slots and its directions' *lanes* are free
         (a serial schedule generation scheme in continuous time), then ``PACK_ROUNDS`` forward-backward rounds,
         once with lanes that slow no transfer (6 entry transfers per direction) and once with one lane more where a
         link holds its node back; the shorter plan is replayed by the event loop, each step ready at its planned
