@@ -111,17 +111,17 @@ Policies (:data:`POLICIES`)
         over the bound there (median 3.0%). Longest first over a whole node's COPYs idles links (above); over its
         tail only, it took the median L failure from 1.7% over the bound to 0.7%.
 
-        *Packed pass.* On a plan within ``PACK_UP_TO_WORK``, in one priority class, whose shortest list
-        schedule is more than ``PACK_ABOVE`` (1%) over :func:`lower_bound`: every COPY's source fixed (the linear
-        program's rounding, as *spread*, then single COPYs moved between pool members while that lowers the busiest
-        node's time), every step placed, in *balanced*'s order, at the earliest instant its slots and its directions' *lanes* are free
-        (a serial schedule generation scheme in continuous time), then ``PACK_ROUNDS`` forward-backward rounds,
-        once with lanes that slow no transfer (6 entry transfers per direction) and once with one lane more where a
-        link holds its node back; the shorter plan is replayed by the event loop, each step ready at its planned
-        start, slots only (:mod:`rebalancer.planning.packing`, which proves that the replay is no longer than the
-        plan). A list schedule starts steps only at events and in one order; this one keeps each node's transfers
-        staggered and fills the gaps behind them. Its schedule replaces the list schedule only when strictly
-        shorter. Like the exact pass it ignores urgency, so it does not run across priority classes.
+        *Packed pass.* On a plan within ``PACK_UP_TO_WORK``, in one priority class, whose shortest list schedule is more
+        than ``PACK_ABOVE`` (1%) over :func:`lower_bound`: every COPY's source fixed (the linear program's rounding, as
+        *spread*, then single COPYs moved between pool members while that lowers the busiest node's time), every step
+        placed, in *balanced*'s order, at the earliest instant its slots and its directions' *lanes* are free (a serial
+        schedule generation scheme in continuous time), then ``PACK_ROUNDS`` forward-backward rounds, once with lanes
+        that slow no transfer (6 entry transfers per direction) and once with one lane more where a link holds its node
+        back; the shorter plan is replayed by the event loop, each step ready at its planned start, slots only
+        (:mod:`rebalancer.planning.packing`, which proves that the replay is no longer than the plan). A list schedule
+        starts steps only at events and in one order; this one keeps each node's transfers staggered and fills the gaps
+        behind them. Its schedule replaces the list schedule only when strictly shorter. Like the exact pass it ignores
+        urgency, so it does not run across priority classes.
 
         *Exact pass.* On a plan of at most ``SOLVE_UP_TO_STEPS`` steps, in one priority class, whose shortest
         schedule so far is longer than :func:`lower_bound`, CP-SAT (:mod:`rebalancer.planning.optimum`) searches for a
