@@ -20,7 +20,7 @@ Lanes
     A direction's *base* lanes are ``floor(bw / fastest stream that may use it)`` (6 entry transfers at the defaults,
     at most the cap): no transfer there is slower than its stream. One lane more fills the link (7 entry transfers:
     2.5 GB/s against 2.4) at the cost of every transfer there running at ``bw / 7``: worth it where the link, not
-    the slots, holds the node back (:func:`extra_lanes`).
+    the slots, holds the node back (:func:`_extra_lanes`).
 
 Forward-backward improvement
     A schedule's steps, latest end first, placed in reversed time (the overhead at a step's end, a partition's
@@ -46,7 +46,7 @@ import numpy as np
 
 from rebalancer.planning.event_loop import A_COPY, A_PROMOTE
 
-__all__ = ["Steps", "balanced_sources", "base_lanes", "extra_lanes", "forward_backward", "pack", "serial_schedule"]
+__all__ = ["Steps", "balanced_sources", "forward_backward", "pack", "serial_schedule"]
 
 _EPS = 1e-9  # instants closer than this are one (as in the event loop)
 
@@ -188,7 +188,7 @@ def forward_backward(steps: Steps, key: np.ndarray, rounds: int) -> tuple[np.nda
     return best, best_span
 
 
-def base_lanes(tgt: np.ndarray, pool_node: np.ndarray, pool_start: np.ndarray, moving: np.ndarray,
+def _base_lanes(tgt: np.ndarray, pool_node: np.ndarray, pool_start: np.ndarray, moving: np.ndarray,
                stream: np.ndarray, nn: int, cap: int, bw: float) -> np.ndarray:
     """Per direction (inbound of every node, then outbound), ``floor(bw / fastest stream)`` of the transfers that
     may use it (an outbound one: every COPY whose pool holds the node), at least 1 and at most ``cap`` (``cap``
@@ -204,7 +204,7 @@ def base_lanes(tgt: np.ndarray, pool_node: np.ndarray, pool_start: np.ndarray, m
     return np.clip(np.where(fastest > 0, most, cap), 1, cap).astype(np.int64)
 
 
-def planned_lengths(tgt: np.ndarray, source: np.ndarray, moving: np.ndarray, nbytes: np.ndarray, stream: np.ndarray,
+def _planned_lengths(tgt: np.ndarray, source: np.ndarray, moving: np.ndarray, nbytes: np.ndarray, stream: np.ndarray,
                     lanes: np.ndarray, nn: int, bw: float, overhead: float) -> np.ndarray:
     """Each step's planned duration under ``lanes``: its overhead, and a transfer's bytes at ``min(stream, bw /
     lanes)`` of both its directions (module docstring, "Lanes")."""
@@ -230,7 +230,7 @@ def _node_times(steps: Steps, nbytes: np.ndarray, source: np.ndarray, tgt: np.nd
     return np.maximum(slot / steps.cap, np.maximum(link[:nn], link[nn:]))
 
 
-def extra_lanes(steps: Steps, nbytes: np.ndarray, source: np.ndarray, tgt: np.ndarray, stream: np.ndarray,
+def _extra_lanes(steps: Steps, nbytes: np.ndarray, source: np.ndarray, tgt: np.ndarray, stream: np.ndarray,
                 bw: float) -> np.ndarray:
     """Lanes with one more on the directions whose link holds their node back: greedily, the direction whose extra
     lane shortens its node's time most without lengthening any node past the longest (the extra lane slows every
@@ -240,7 +240,7 @@ def extra_lanes(steps: Steps, nbytes: np.ndarray, source: np.ndarray, tgt: np.nd
     base = lanes.copy()
 
     def with_lanes(trial: np.ndarray) -> Steps:
-        lengths = planned_lengths(tgt, source, moving, nbytes, stream, trial, nn, bw, steps.overhead)
+        lengths = _planned_lengths(tgt, source, moving, nbytes, stream, trial, nn, bw, steps.overhead)
         return replace(steps, lanes=trial, length=lengths)
 
     used = np.zeros(2 * nn, dtype=bool)
@@ -317,20 +317,20 @@ def pack(action: np.ndarray, src: np.ndarray, tgt: np.ndarray, nxt: np.ndarray, 
          pool_start: np.ndarray, source: np.ndarray, nbytes: np.ndarray, stream: np.ndarray, key: np.ndarray, nn: int,
          cap: int, bw: float, overhead: float, rounds: int) -> tuple[np.ndarray, float]:
     """The packed schedule of a plan whose COPYs read from ``source`` (module docstring): with the base lanes and
-    with :func:`extra_lanes`, each by :func:`serial_schedule` from ``key`` and ``rounds`` forward-backward rounds,
+    with :func:`_extra_lanes`, each by :func:`serial_schedule` from ``key`` and ``rounds`` forward-backward rounds,
     the shorter. Returns the planned starts and makespan (the replay's makespan is at most that)."""
     is_copy = action == A_COPY
     moving = is_copy & (nbytes > 0)
     node = np.where(is_copy, tgt, src)
     other = np.where(is_copy, source, np.where(action == A_PROMOTE, tgt, src))
-    lanes = base_lanes(tgt, pool_node, pool_start, moving, stream, nn, cap, bw)
+    lanes = _base_lanes(tgt, pool_node, pool_start, moving, stream, nn, cap, bw)
     plain = Steps(node=node, other=other, moving=moving, nxt=nxt, lanes=lanes, nn=nn, cap=cap, overhead=overhead,
-                  length=planned_lengths(tgt, source, moving, nbytes, stream, lanes, nn, bw, overhead))
+                  length=_planned_lengths(tgt, source, moving, nbytes, stream, lanes, nn, bw, overhead))
     best = forward_backward(plain, key, rounds)
-    more = extra_lanes(plain, nbytes, source, tgt, stream, bw)
+    more = _extra_lanes(plain, nbytes, source, tgt, stream, bw)
     if (more != lanes).any():
         wide = replace(plain, lanes=more,
-                       length=planned_lengths(tgt, source, moving, nbytes, stream, more, nn, bw, overhead))
+                       length=_planned_lengths(tgt, source, moving, nbytes, stream, more, nn, bw, overhead))
         found = forward_backward(wide, key, rounds)
         if found[1] < best[1] - _EPS:
             best = found
