@@ -186,20 +186,19 @@ Lower bound (:func:`lower_bound`, :func:`lower_bound_terms`)
     CP-SAT's proven optimum (tests/test_schedule_optimum.py).
 
 Implementation
-    The event loop is :mod:`rebalancer.planning.event_loop` (run as Python for small plans, compiled by numba for
-    large ones, with the same result). An event queue holds overhead ends, transfer ends, direction releases and
-    the instants rows become ready when a candidate gives them one (*packed*; an event moves when a transfer's rate
-    changes). Events less than 1e-9 s apart are processed as one instant,
-    so symmetric transfers end together despite rounding. After an event only the transfers sharing a sender or a
-    receiver with a transfer that started or ended can change rate, and only those whose stream exceeds the new
-    fair share ``bw / count``. A ready step that does not fit waits in a heap, ordered by priority, per pair of
-    nodes it would touch (its node twice for a one-node step; a COPY in the pair of each candidate and its
-    target). A pair holds waiting steps only while one of its nodes is closed (for a COPY: the target's slots or
-    inbound direction, the candidate's slots or outbound direction), so when a node opens only its pairs with an
-    open partner are looked at (its list of pairs, or a bitwise AND of its partners with the open nodes when that
-    is shorter; each pair's best waiting rank is kept beside the node's partners, so that this reads the node's own
-    memory), merged in priority order; every waiting step taken out starts. The loop numbers the rows in priority
-    order. Scheduling time is this loop, once per candidate (docs/PLANNING.md, "Speed").
+    The event loop is :mod:`rebalancer.planning.event_loop` (run as Python for small plans, compiled by numba for large
+    ones, with the same result). An event queue holds overhead ends, transfer ends, direction releases and the instants
+    rows become ready when a candidate gives them one (*packed*; an event moves when a transfer's rate changes). Events
+    less than 1e-9 s apart are processed as one instant, so symmetric transfers end together despite rounding. After an
+    event only the transfers sharing a sender or a receiver with a transfer that started or ended can change rate, and
+    only those whose stream exceeds the new fair share ``bw / count``. A ready step that does not fit waits in a heap,
+    ordered by priority, per pair of nodes it would touch (its node twice for a one-node step; a COPY in the pair of
+    each candidate and its target). A pair holds waiting steps only while one of its nodes is closed (for a COPY: the
+    target's slots or inbound direction, the candidate's slots or outbound direction), so when a node opens only its
+    pairs with an open partner are looked at (its list of pairs, or a bitwise AND of its partners with the open nodes
+    when that is shorter; each pair's best waiting rank is kept beside the node's partners, so that this reads the
+    node's own memory), merged in priority order; every waiting step taken out starts. The loop numbers the rows in
+    priority order. Scheduling time is this loop, once per candidate (docs/PLANNING.md, "Speed").
 """
 
 from __future__ import annotations
@@ -380,7 +379,8 @@ class _Candidate:
     then lowest index, and adds its solo duration), or None: the first open pool member. ``limits``: per direction
     (every node's inbound direction, then every node's outbound one: ``2 * nodes`` values), the committed stream
     rate from which the direction admits no further COPY (direction-aware admission, with the release of transfers
-    ending within ``overhead_s``), or None: slots only.
+    ending within ``overhead_s``), or None: slots only. ``ready_at``: per row, the instant before which it may not
+    start (the packed pass's plan), or None: none.
     """
 
     rank: np.ndarray
