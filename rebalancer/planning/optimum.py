@@ -337,13 +337,10 @@ def compact(p: Problem, start_units: np.ndarray, chosen: np.ndarray) -> np.ndarr
     grid start is one of the instants tried. So the schedule is as legal as the solution and no longer.
     """
     in_limit, out_limit = _direction_limits(p)
-    is_copy = p.action == A_COPY
-    chosen = np.asarray(chosen, dtype=np.int64)
-    steps = packing.Steps(
-        node=np.where(is_copy, p.tgt, p.src), other=np.where(is_copy, chosen, np.where(p.action == A_PROMOTE, p.tgt,
-                                                                                         p.src)),
-        moving=is_copy & (p.nbytes > 0), length=np.asarray(p.solo, dtype=np.float64), nxt=p.nxt,
-        lanes=np.concatenate([in_limit, out_limit]), nn=p.nn, cap=p.cap, overhead=p.overhead)
+    node, other = packing.slot_nodes(p.action, p.src, p.tgt, np.asarray(chosen, dtype=np.int64))
+    steps = packing.Steps(node=node, other=other, moving=(p.action == A_COPY) & (p.nbytes > 0),
+                          length=np.asarray(p.solo, dtype=np.float64), nxt=p.nxt,
+                          lanes=np.concatenate([in_limit, out_limit]), nn=p.nn, cap=p.cap, overhead=p.overhead)
     position = np.empty(p.n)
     position[_in_start_order(p, start_units)] = np.arange(p.n)
     return packing.serial_schedule(steps, position)

@@ -46,7 +46,7 @@ import numpy as np
 
 from rebalancer.planning.event_loop import A_COPY, A_PROMOTE
 
-__all__ = ["Steps", "balanced_sources", "forward_backward", "pack", "serial_schedule"]
+__all__ = ["Steps", "balanced_sources", "forward_backward", "pack", "serial_schedule", "slot_nodes"]
 
 _EPS = 1e-9  # instants closer than this are one (as in the event loop)
 
@@ -55,11 +55,10 @@ _EPS = 1e-9  # instants closer than this are one (as in the event loop)
 class Steps:
     """A plan with its sources fixed, as :func:`serial_schedule` places it: arrays indexed by row.
 
-    ``node`` / ``other``: the nodes a step holds a slot on (a COPY its target and its source, a PROMOTE both
-    primaries, a DROP its node twice). ``moving``: a COPY with bytes (it holds a lane of its target's inbound and
-    its source's outbound direction from ``overhead`` after its start to its end). ``length``: the planned duration.
-    ``nxt``: the row of the partition's next step, -1 for the last. ``lanes``: per direction, every node's inbound
-    one then every node's outbound one.
+    ``node`` / ``other``: the nodes a step holds a slot on (:func:`slot_nodes`). ``moving``: a COPY with bytes (it holds
+    a lane of its target's inbound and its source's outbound direction from ``overhead`` after its start to its end).
+    ``length``: the planned duration. ``nxt``: the row of the partition's next step, -1 for the last. ``lanes``: per
+    direction, every node's inbound one then every node's outbound one.
     """
 
     node: np.ndarray
@@ -71,6 +70,15 @@ class Steps:
     nn: int
     cap: int
     overhead: float
+
+
+def slot_nodes(
+    action: np.ndarray, src: np.ndarray, tgt: np.ndarray, source: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the two nodes a step holds a slot on (:class:`Steps`' ``node`` and ``other``): a COPY its target and
+    ``source``, a PROMOTE its old and new primary, a DROP its node twice."""
+    is_copy = action == A_COPY
+    return np.where(is_copy, tgt, src), np.where(is_copy, source, np.where(action == A_PROMOTE, tgt, src))
 
 
 class _Profile:
@@ -284,8 +292,7 @@ def balanced_sources(action: np.ndarray, src: np.ndarray, tgt: np.ndarray, pool_
     sent = np.where(moving, nbytes, 0.0)
     inbound = np.bincount(tgt[moving], weights=nbytes[moving], minlength=nn)
     outbound = np.bincount(source[moving], weights=nbytes[moving], minlength=nn)
-    node = np.where(is_copy, tgt, src)
-    other = np.where(is_copy, source, np.where(action == A_PROMOTE, tgt, src))
+    node, other = slot_nodes(action, src, tgt, source)
     slot = np.bincount(node, weights=solo, minlength=nn)
     slot += np.bincount(other[other != node], weights=solo[other != node], minlength=nn)
 
@@ -319,10 +326,8 @@ def pack(action: np.ndarray, src: np.ndarray, tgt: np.ndarray, nxt: np.ndarray, 
     """The packed schedule of a plan whose COPYs read from ``source`` (module docstring): with the base lanes and
     with :func:`_extra_lanes`, each by :func:`serial_schedule` from ``key`` and ``rounds`` forward-backward rounds,
     the shorter. Returns the planned starts and makespan (the replay's makespan is at most that)."""
-    is_copy = action == A_COPY
-    moving = is_copy & (nbytes > 0)
-    node = np.where(is_copy, tgt, src)
-    other = np.where(is_copy, source, np.where(action == A_PROMOTE, tgt, src))
+    moving = (action == A_COPY) & (nbytes > 0)
+    node, other = slot_nodes(action, src, tgt, source)
     lanes = _base_lanes(tgt, pool_node, pool_start, moving, stream, nn, cap, bw)
     plain = Steps(node=node, other=other, moving=moving, nxt=nxt, lanes=lanes, nn=nn, cap=cap, overhead=overhead,
                   length=_planned_lengths(tgt, source, moving, nbytes, stream, lanes, nn, bw, overhead))
