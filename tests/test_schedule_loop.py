@@ -12,8 +12,10 @@ as Python).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -72,6 +74,18 @@ def loop_input(plan) -> event_loop.LoopInput:  # noqa: ANN001
     model = schedule.CostModel(max_parallel_per_node=2)
     p = schedule._decode(plan, schedule.PLAN_INPUT_SCHEMA.names, model)
     return schedule._loop_input(p, model, schedule._hazelcast(p), schedule._solo_durations(p, model))
+
+
+def test_compiled_and_python_loops_keep_the_same_ready_instants() -> None:
+    # The packed pass replays its plan with a ready instant per row (`ready_at`, a fourth kind of event).
+    x = loop_input(random_plan(11, 5, 30))
+    ready = np.random.default_rng(0).uniform(0.0, 5.0, len(x.action))
+    x = dataclasses.replace(x, ready_at=ready)
+    python, compiled = (event_loop.run(x, compiled=flag) for flag in (False, True))
+    for a, b in zip(python[:3], compiled[:3], strict=True):
+        assert np.array_equal(a, b)
+    assert python[3] == compiled[3]
+    assert (python[0] >= ready - 1e-9).all()
 
 
 @pytest.mark.parametrize("compiled", [False, True])
