@@ -197,7 +197,7 @@ def forward_backward(steps: Steps, key: np.ndarray, rounds: int) -> tuple[np.nda
 
 
 def _base_lanes(tgt: np.ndarray, pool_node: np.ndarray, pool_start: np.ndarray, moving: np.ndarray,
-               stream: np.ndarray, nn: int, cap: int, bw: float) -> np.ndarray:
+                stream: np.ndarray, nn: int, cap: int, bw: float) -> np.ndarray:
     """Per direction (inbound of every node, then outbound), ``floor(bw / fastest stream)`` of the transfers that
     may use it (an outbound one: every COPY whose pool holds the node), at least 1 and at most ``cap`` (``cap``
     with none): the most that run at once without slowing any.
@@ -213,7 +213,7 @@ def _base_lanes(tgt: np.ndarray, pool_node: np.ndarray, pool_start: np.ndarray, 
 
 
 def _planned_lengths(tgt: np.ndarray, source: np.ndarray, moving: np.ndarray, nbytes: np.ndarray, stream: np.ndarray,
-                    lanes: np.ndarray, nn: int, bw: float, overhead: float) -> np.ndarray:
+                     lanes: np.ndarray, nn: int, bw: float, overhead: float) -> np.ndarray:
     """Each step's planned duration under ``lanes``: its overhead, and a transfer's bytes at ``min(stream, bw /
     lanes)`` of both its directions (module docstring, "Lanes")."""
     rate = np.minimum(stream, bw / np.maximum(lanes[np.maximum(tgt, 0)], lanes[nn + source]))
@@ -239,7 +239,7 @@ def _node_times(steps: Steps, nbytes: np.ndarray, source: np.ndarray, tgt: np.nd
 
 
 def _extra_lanes(steps: Steps, nbytes: np.ndarray, source: np.ndarray, tgt: np.ndarray, stream: np.ndarray,
-                bw: float) -> np.ndarray:
+                 bw: float) -> np.ndarray:
     """Lanes with one more on the directions whose link holds their node back: greedily, the direction whose extra
     lane shortens its node's time most without lengthening any node past the longest (the extra lane slows every
     transfer there, and so their other nodes' slots), while that node is within 3% of the longest."""
