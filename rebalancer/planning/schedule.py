@@ -462,12 +462,13 @@ def schedule_with_stats(plan: pa.Table, model: CostModel, policy: str = "portfol
     if policy != "portfolio":
         run = _run_policy(p, model, solo, policy)
         return _with_schedule(plan, p, run), ScheduleStats(policy, run.makespan, policy, run.makespan)
-    greedy = _portfolio(p, model, solo)
+    candidates = _candidates(p, model, solo)
+    greedy = _shortest(p, model, solo, candidates)
     packs, solves = _packs(p), 0 < p.n <= SOLVE_UP_TO_STEPS
     # The passes run only above the lower bound, and only in one priority class: the bound costs a linear program.
     bound = lower_bound_terms(plan, model).value if (packs or solves) and _one_class(p) else math.inf
     if packs:
-        greedy = _packed_pass(p, model, solo, greedy, bound)
+        greedy = _packed_pass(p, model, solo, greedy, bound, candidates)
     run, stats = _exact_pass(p, model, solo, greedy, bound)
     return _with_schedule(plan, p, run), stats
 
@@ -491,19 +492,21 @@ def _packs(p: _Plan) -> bool:
     return p.n > 0 and p.n * _most_steps_on_a_node(p) <= PACK_UP_TO_WORK
 
 
-def _packed_pass(p: _Plan, model: CostModel, solo: np.ndarray, greedy: _Timetable, bound: float) -> _Timetable:
+def _packed_pass(p: _Plan, model: CostModel, solo: np.ndarray, greedy: _Timetable, bound: float,
+                 candidates: list[_Candidate]) -> _Timetable:
     """``portfolio``'s packed pass (module docstring, "Packed pass") on a plan in one priority class whose greedy
     makespan is more than ``PACK_ABOVE`` over ``bound`` (the lower bound; ``inf`` across classes): the packed
-    schedule replayed by the event loop, when strictly shorter."""
+    schedule replayed by the event loop, when strictly shorter. It places steps in *balanced*'s order and starts from
+    *spread*'s sources (``candidates``, ``portfolio``'s list schedules) when the linear program ran."""
     if greedy.makespan <= bound * (1 + PACK_ABOVE):
         return greedy
     nn, cap = len(p.nodes), model.max_parallel_per_node
     bw, overhead = model.node_bandwidth_bytes_per_s, model.overhead_s
-    loads = _NodeLoads.of(p, model, solo)
-    key = _slack_rank(p, loads)
-    spread = _balance(p, model, solo, np.argsort(key, kind="stable"))
+    by_name = {c.name: c for c in candidates}
+    key = by_name["balanced"].rank
     start_from = greedy.chosen.astype(np.int64)  # each COPY's source: the linear program's rounding if it ran
-    if spread is not None:
+    if "spread" in by_name:
+        spread = by_name["spread"]
         copies = np.flatnonzero(p.action == A_COPY)
         start_from[copies] = spread.pool_node[spread.pool_start[copies]]
     source = packing.balanced_sources(p.action, p.src, p.tgt, p.pool_node, p.pool_start, start_from, p.nbytes, solo,
