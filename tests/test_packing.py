@@ -81,13 +81,16 @@ def before(steps: packing.Steps, backward: bool) -> dict[int, int]:
     return out
 
 
-@given(step_sets(), st.booleans(), st.integers(0, 2**31 - 1))
+@given(step_sets(), st.booleans(), st.booleans(), st.integers(0, 2**31 - 1))
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_every_step_is_placed_legally_and_as_early_as_the_steps_before_it_allow(
-    steps: packing.Steps, backward: bool, seed: int
+    steps: packing.Steps, backward: bool, held_back: bool, seed: int
 ) -> None:
-    key = np.random.default_rng(seed).permutation(len(steps.length)).astype(np.float64)
-    start = packing.serial_schedule(steps, key, backward=backward)
+    rng = np.random.default_rng(seed)
+    key = rng.permutation(len(steps.length)).astype(np.float64)
+    # forwards, some steps may be held back to an instant (the exact pass's hint: a step never before its grid start)
+    not_before = rng.integers(0, 30, len(key)) / 10 * (rng.random(len(key)) < 0.5) if held_back else None
+    start = packing.serial_schedule(steps, key, backward=backward, not_before=None if backward else not_before)
     held = holds(steps, start, backward)
     for resource in range(3 * steps.nn):
         limits = {m for r, _, _, m in held if r == resource}
@@ -96,13 +99,15 @@ def test_every_step_is_placed_legally_and_as_early_as_the_steps_before_it_allow(
     after = before(steps, backward)
     for j, i in after.items():
         assert start[j] >= start[i] + steps.length[i] - EPS, (i, j)
+    floor = np.zeros(len(key)) if backward or not_before is None else not_before
+    assert (start >= floor - EPS).all()
     # No step fits earlier among the steps placed before it: every instant from its predecessor's end (0 for the
     # first) to its start where it could start (that one, or where a hold of an earlier step ends, less the offset
     # of the step's own hold of that resource) breaks a limit.
     order = placement_order(steps, key, after)
     for k, i in enumerate(order):
         others = holds(subset(steps, order[:k]), start[order[:k]], backward)
-        ready = start[after[i]] + steps.length[after[i]] if i in after else 0.0
+        ready = max(start[after[i]] + steps.length[after[i]] if i in after else 0.0, float(floor[i]))
         mine = holds(subset(steps, [i]), np.zeros(1), backward)  # offsets of i's holds from its start
         instants = {ready} | {b - a0 for _, _, b, _ in others for _, a0, _, _ in mine}
         for t in sorted(x for x in instants if ready - EPS <= x < start[i] - 1e-7):

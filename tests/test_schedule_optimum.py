@@ -317,3 +317,23 @@ def test_a_packed_schedule_is_legal_and_the_cost_models(event: str) -> None:
     assert stats.chosen == "packed"
     assert_legal(plan, out, model)
     assert lower_bound(out, model) <= stats.makespan_s + EPS
+
+
+def test_the_exact_pass_hint_starts_a_held_back_transfer_as_its_lane_frees() -> None:
+    """Seven COPYs into one node (six lanes: 6 x 400 MB/s fill 20 Gbps), all given at 0: the hint the solver starts
+    from keeps six at 0 and starts the seventh one overhead before the shortest transfer ends, so that its own
+    transfer takes the lane as it frees (not a whole overhead later)."""
+    from rebalancer.planning import optimum as model_module
+
+    sizes = np.array([400, 800, 1200, 1600, 2000, 2400, 400]) * 1e6
+    n, unit, lead = len(sizes), 1e-3, 100
+    problem = model_module.Problem(
+        action=np.zeros(n, dtype=np.int64), src=np.arange(1, n + 1), tgt=np.zeros(n, dtype=np.int64),
+        nxt=np.full(n, -1), pool_node=np.arange(1, n + 1), pool_start=np.arange(n + 1), nbytes=sizes,
+        stream=np.full(n, 4e8), solo=0.1 + sizes / 4e8, nn=n + 1, cap=10, bw=2.5e9, overhead=0.1)
+    inbound, outbound = model_module._direction_limits(problem)
+    assert inbound[0] == 6
+    length = np.ceil(problem.solo / unit - 1e-6).astype(np.int64)
+    hint = model_module._feasible_hint(problem, length, lead, inbound, outbound, np.zeros(n), np.arange(1, n + 1),
+                                       unit)
+    assert hint.tolist() == [0, 0, 0, 0, 0, 0, 1100 - lead]

@@ -258,22 +258,10 @@ def solve(
 
 def _direction_limits(p: Problem) -> tuple[np.ndarray, np.ndarray]:
     """Per node, the most transfers its inbound / outbound direction may run at once without slowing any
-    (``floor(bw / stream)`` for the fastest stream that may use it, at least 1), or ``cap`` where the cap is lower."""
-    moving = np.flatnonzero((p.action == A_COPY) & (p.nbytes > 0))
-    fastest_in = np.zeros(p.nn)
-    np.maximum.at(fastest_in, p.tgt[moving], p.stream[moving])
-    sizes = np.diff(p.pool_start)
-    rows = np.repeat(np.arange(p.n), sizes)
-    sends = np.isin(rows, moving)
-    fastest_out = np.zeros(p.nn)
-    np.maximum.at(fastest_out, p.pool_node[sends], p.stream[rows[sends]])
-
-    def limit(fastest: np.ndarray) -> np.ndarray:
-        with np.errstate(divide="ignore"):
-            most = np.floor(p.bw / fastest * (1 + 1e-12))
-        return np.minimum(np.maximum(np.where(fastest > 0, most, p.cap), 1), p.cap).astype(np.int64)
-
-    return limit(fastest_in), limit(fastest_out)
+    (:func:`rebalancer.planning.packing.lanes_without_slowing`)."""
+    moving = (p.action == A_COPY) & (p.nbytes > 0)
+    lanes = packing.lanes_without_slowing(p.tgt, p.pool_node, p.pool_start, moving, p.stream, p.nn, p.cap, p.bw)
+    return lanes[: p.nn], lanes[p.nn :]
 
 
 def _feasible_hint(
@@ -283,48 +271,17 @@ def _feasible_hint(
     """A solution of the rounded model close to a schedule given in seconds: its steps, in the order they start
     there, each placed at the earliest unit no earlier than its start rounded up where its partition's previous step
     has ended and its nodes have a free slot (and its transfer a free place in both directions) for its whole
-    rounded length (the serial schedule generation scheme). Rounding delays each step by less than a unit per step
-    before it on its node, so the solver starts from a schedule as long as the given one plus about that."""
-    n = p.n
-    earliest = np.ceil(start_s / unit_s - 1e-6).astype(np.int64)
-    size = 2 * int(earliest.max() + length.max()) + 1
-    grids = [np.zeros((p.nn, size), dtype=np.int32) for _ in range(3)]  # slots, inbound, outbound per unit
-    ready = np.zeros(n, dtype=np.int64)
-    placed = np.zeros(n, dtype=np.int64)
-    for i in _in_start_order(p, start_s):
-        a = int(p.action[i])
-        touched = _touched(p, i, chosen)
-        d = int(length[i])
-        moving = a == A_COPY and p.nbytes[i] > 0
-        t = max(int(earliest[i]), int(ready[i]))
-        while True:
-            if t + d > grids[0].shape[1]:  # grow the horizon
-                grids = [np.pad(g, ((0, 0), (0, g.shape[1] + d))) for g in grids]
-            slots, inbound, outbound = grids
-            later = t
-            for v in touched:
-                full = np.flatnonzero(slots[v, t : t + d] >= p.cap)
-                if len(full):
-                    later = max(later, t + int(full[-1]) + 1)
-            if moving:
-                for grid, v, most in ((inbound, touched[0], in_limit[touched[0]]),
-                                      (outbound, touched[1], out_limit[touched[1]])):
-                    full = np.flatnonzero(grid[v, t + lead : t + d] >= most)
-                    if len(full):
-                        later = max(later, t + lead + int(full[-1]) + 1)
-            if later == t:
-                break
-            t = later
-        placed[i] = t
-        slots, inbound, outbound = grids
-        for v in touched:
-            slots[v, t : t + d] += 1
-        if moving:
-            inbound[touched[0], t + lead : t + d] += 1
-            outbound[touched[1], t + lead : t + d] += 1
-        if p.nxt[i] >= 0:
-            ready[p.nxt[i]] = t + d
-    return placed
+    rounded length (:func:`rebalancer.planning.packing.serial_schedule` over whole units: every instant it returns
+    is a sum of them). Rounding delays each step by less than a unit per step before it on its node, so the solver
+    starts from a schedule as long as the given one plus about that."""
+    node, other = packing.slot_nodes(p.action, p.src, p.tgt, chosen)
+    steps = packing.Steps(node=node, other=other, moving=(p.action == A_COPY) & (p.nbytes > 0),
+                          length=length.astype(np.float64), nxt=p.nxt, lanes=np.concatenate([in_limit, out_limit]),
+                          nn=p.nn, cap=p.cap, overhead=float(lead))
+    position = np.empty(p.n)
+    position[_in_start_order(p, start_s)] = np.arange(p.n)
+    placed = packing.serial_schedule(steps, position, not_before=np.ceil(start_s / unit_s - 1e-6))
+    return np.rint(placed).astype(np.int64)
 
 
 def compact(p: Problem, start_units: np.ndarray, chosen: np.ndarray) -> np.ndarray:
@@ -353,14 +310,3 @@ def _in_start_order(p: Problem, start: np.ndarray) -> list[int]:
         if p.nxt[i] >= 0:
             depth[p.nxt[i]] = max(depth[p.nxt[i]], depth[i] + 1)
     return list(np.lexsort((depth, start)).tolist())
-
-
-def _touched(p: Problem, i: int, chosen: np.ndarray) -> list[int]:
-    """The nodes row ``i`` holds a slot on: a COPY its target and its source ``chosen[i]``, a PROMOTE both primaries,
-    a DROP its node."""
-    a = int(p.action[i])
-    if a == A_COPY:
-        return [int(p.tgt[i]), int(chosen[i])]
-    if a == A_PROMOTE and p.tgt[i] != p.src[i]:
-        return [int(p.src[i]), int(p.tgt[i])]
-    return [int(p.src[i])]

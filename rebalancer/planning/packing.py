@@ -46,7 +46,8 @@ import numpy as np
 
 from rebalancer.planning.event_loop import A_COPY, A_PROMOTE
 
-__all__ = ["Steps", "balanced_sources", "forward_backward", "pack", "serial_schedule", "slot_nodes"]
+__all__ = ["Steps", "balanced_sources", "forward_backward", "lanes_without_slowing", "pack", "serial_schedule",
+           "slot_nodes"]
 
 _EPS = 1e-9  # instants closer than this are one (as in the event loop)
 
@@ -83,26 +84,29 @@ def slot_nodes(
 
 class _Profile:
     """How many placed steps hold a resource over time: a step function, ``use[k]`` from ``at[k]`` to ``at[k + 1]``;
-    the resource is full where ``most`` hold it."""
+    the resource is full where ``most`` hold it. Its full stretches are also kept merged (``full_from[r]`` to
+    ``full_to[r]``, sorted), so that a search jumps from one to the next instead of walking every step placed."""
 
-    __slots__ = ("at", "most", "use")
+    __slots__ = ("at", "full_from", "full_to", "most", "use")
 
     def __init__(self, most: int) -> None:
         self.at = [-math.inf, math.inf]
         self.use = [0, 0]
         self.most = most
+        self.full_from: list[float] = []
+        self.full_to: list[float] = []
 
     def earliest(self, lo: float, span: float) -> float:
-        """The earliest x >= lo such that the resource is not full anywhere in [x, x + span): scanning forward, a
-        window that meets a full stretch moves to that stretch's end (the scan is what the pass's cost grows with:
-        the steps placed on the resource before it, ``PACK_UP_TO_WORK`` in the scheduler)."""
-        at, use, most = self.at, self.use, self.most
+        """The earliest x >= lo such that the resource is not full anywhere in [x, x + span) (instants closer than
+        ``_EPS`` are one): a window that meets a full stretch moves to that stretch's end (the stretches passed are
+        what the pass's cost grows with, ``PACK_UP_TO_WORK`` in the scheduler)."""
+        full_from, full_to = self.full_from, self.full_to
         x = lo
-        k = bisect.bisect_right(at, x + _EPS) - 1
-        while at[k] < x + span - _EPS:
-            if use[k] >= most:
-                x = at[k + 1]
-            k += 1
+        r = bisect.bisect_right(full_to, x + _EPS)
+        while r < len(full_from) and full_from[r] < x + span - _EPS:
+            if full_to[r] - full_from[r] > _EPS:  # (a sliver where two steps meet in float arithmetic is no stretch)
+                x = full_to[r]
+            r += 1
         return x
 
     def _split(self, x: float) -> int:
@@ -116,17 +120,34 @@ class _Profile:
     def hold(self, lo: float, hi: float) -> None:
         i = self._split(lo)
         j = self._split(hi)
+        use, most = self.use, self.most
         for k in range(i, j):
-            self.use[k] += 1
+            use[k] += 1
+            if use[k] == most:
+                self._fill(self.at[k], self.at[k + 1])
+
+    def _fill(self, lo: float, hi: float) -> None:
+        """[lo, hi) became full: merged into the full stretches it touches."""
+        full_from, full_to = self.full_from, self.full_to
+        r = bisect.bisect_left(full_to, lo)  # the first stretch ending at or after lo
+        if r < len(full_from) and full_from[r] <= lo:  # it reaches lo: extend it
+            full_to[r] = max(full_to[r], hi)
+        else:
+            full_from.insert(r, lo)
+            full_to.insert(r, hi)
+        if r + 1 < len(full_from) and full_from[r + 1] <= full_to[r]:  # it now reaches the next one: merge
+            full_to[r] = full_to[r + 1]
+            del full_from[r + 1], full_to[r + 1]
 
 
-def serial_schedule(steps: Steps, key: np.ndarray, backward: bool = False) -> np.ndarray:
+def serial_schedule(steps: Steps, key: np.ndarray, backward: bool = False,
+                    not_before: np.ndarray | None = None) -> np.ndarray:
     """Start times: the rows by ``key`` (then row; a row never before its partition's previous step, or with
-    ``backward`` its next one), each at the earliest instant from that step's end (0 for the first) where every
-    node it touches has fewer than ``cap`` steps placed over its length, and each of its directions fewer than its
-    lanes over its transfer. ``backward`` places in reversed time: a transfer holds its lanes from its start to
-    ``overhead`` before its end, and the returned instants are reversed starts (a step's start in forward time is
-    the makespan minus its reversed start minus its length)."""
+    ``backward`` its next one), each at the earliest instant from that step's end (0 for the first; never before
+    ``not_before`` where given) where every node it touches has fewer than ``cap`` steps placed over its length, and
+    each of its directions fewer than its lanes over its transfer. ``backward`` places in reversed time: a transfer
+    holds its lanes from its start to ``overhead`` before its end, and the returned instants are reversed starts (a
+    step's start in forward time is the makespan minus its reversed start minus its length)."""
     n, nn = len(steps.length), steps.nn
     length = steps.length.tolist()
     node, other, moving = steps.node.tolist(), steps.other.tolist(), steps.moving.tolist()
@@ -147,7 +168,7 @@ def serial_schedule(steps: Steps, key: np.ndarray, backward: bool = False) -> np
     heapq.heapify(eligible)
     # slots of every node, then inbound lanes, then outbound lanes
     profiles = [_Profile(cap) for _ in range(nn)] + [_Profile(most) for most in lanes]
-    ready = [0.0] * n
+    ready = [0.0] * n if not_before is None else np.asarray(not_before, dtype=np.float64).tolist()
     start = np.zeros(n)
     while eligible:
         _, i = heapq.heappop(eligible)
@@ -175,7 +196,7 @@ def serial_schedule(steps: Steps, key: np.ndarray, backward: bool = False) -> np
         start[i] = t
         j = following[i]
         if j >= 0:
-            ready[j] = t + d
+            ready[j] = max(ready[j], t + d)
             heapq.heappush(eligible, (keys[j], j))
     return start
 
@@ -196,11 +217,12 @@ def forward_backward(steps: Steps, key: np.ndarray, rounds: int) -> tuple[np.nda
     return best, best_span
 
 
-def _base_lanes(tgt: np.ndarray, pool_node: np.ndarray, pool_start: np.ndarray, moving: np.ndarray,
-                stream: np.ndarray, nn: int, cap: int, bw: float) -> np.ndarray:
+def lanes_without_slowing(tgt: np.ndarray, pool_node: np.ndarray, pool_start: np.ndarray, moving: np.ndarray,
+                          stream: np.ndarray, nn: int, cap: int, bw: float) -> np.ndarray:
     """Per direction (inbound of every node, then outbound), ``floor(bw / fastest stream)`` of the transfers that
     may use it (an outbound one: every COPY whose pool holds the node), at least 1 and at most ``cap`` (``cap``
-    with none): the most that run at once without slowing any.
+    with none): the most that run at once without slowing any (the *base* lanes here, the exact pass's direction
+    limits).
     """
     rows = np.repeat(np.arange(len(tgt)), np.diff(pool_start))
     sends = moving[rows]
@@ -328,7 +350,7 @@ def pack(action: np.ndarray, src: np.ndarray, tgt: np.ndarray, nxt: np.ndarray, 
     the shorter. Returns the planned starts and makespan (the replay's makespan is at most that)."""
     moving = (action == A_COPY) & (nbytes > 0)
     node, other = slot_nodes(action, src, tgt, source)
-    lanes = _base_lanes(tgt, pool_node, pool_start, moving, stream, nn, cap, bw)
+    lanes = lanes_without_slowing(tgt, pool_node, pool_start, moving, stream, nn, cap, bw)
     plain = Steps(node=node, other=other, moving=moving, nxt=nxt, lanes=lanes, nn=nn, cap=cap, overhead=overhead,
                   length=_planned_lengths(tgt, source, moving, nbytes, stream, lanes, nn, bw, overhead))
     best = forward_backward(plain, key, rounds)
