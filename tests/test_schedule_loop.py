@@ -114,3 +114,18 @@ def test_run_compiles_from_the_threshold(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(event_loop, "COMPILED_FROM_STEPS", n)
     event_loop.run(x)
     assert calls == ["compiled"]
+
+
+def test_after_compile_for_every_plan_a_small_plan_runs_compiled_to_the_same_schedule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What-if's large sweeps load the compiled loop once for all their plans: below ``COMPILED_FROM_STEPS`` a plan
+    then runs compiled, with the schedule the Python loop gives."""
+    plan, model = scenario_plan(CHANGES[1]), schedule.CostModel()
+    monkeypatch.setattr(event_loop, "_EVERY_PLAN", [])
+    assert plan.num_rows < event_loop.COMPILED_FROM_STEPS and not event_loop.runs_compiled(plan.num_rows)
+    python = schedule.schedule(plan, model)
+    assert event_loop.compile_for_every_plan()
+    assert event_loop.runs_compiled(plan.num_rows) and event_loop.runs_compiled(1)
+    compiled = schedule.schedule(plan, model)
+    assert python.equals(compiled)

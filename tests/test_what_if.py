@@ -263,3 +263,21 @@ def test_cli_and_job_sweep_nodes_and_zones_and_print_the_worst_first(spark: Any,
     stored = open_warehouse(spark, _settings(w).storage).read_arrow("what_if")
     assert stored.num_rows == earlier.num_rows + 7 + 1
     assert len(set(stored.column("run_id").to_pylist()) - set(earlier.column("run_id").to_pylist())) == 2
+
+
+@pytest.mark.parametrize("threshold", [1, 10**9])
+def test_a_large_sweep_schedules_with_the_compiled_loop(spark: Any, steady: Path, threshold: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep recomputing at least ``COMPILED_SCHEDULER_FROM_PARTITIONS`` partitions asks for the compiled loop for
+    every plan before it schedules the first one (the loader itself, and that it changes no schedule, are held in
+    tests/test_schedule_loop.py, after ``make compiled``); a smaller sweep leaves the loop to decide by plan size."""
+    from rebalancer import what_if as module
+
+    asked: list[bool] = []
+    monkeypatch.setattr(module, "COMPILED_SCHEDULER_FROM_PARTITIONS", threshold)
+    monkeypatch.setattr(module, "compile_for_every_plan", lambda: asked.append(True) or True)
+    settings = _settings(steady)
+    run = what_if(spark, open_warehouse(spark, settings.storage), settings, [parse_scenario("NODE_FAILED node0")],
+                  write=False)
+    assert run.rows.num_rows == 1
+    assert bool(asked) == (threshold == 1)

@@ -22,14 +22,18 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = ["A_COPY", "A_DROP", "A_PROMOTE", "COMPILED_FROM_STEPS", "LoopInput", "compile_ahead", "dense_codes", "run"]
+__all__ = ["A_COPY", "A_DROP", "A_PROMOTE", "COMPILED_FROM_STEPS", "LoopInput", "compile_ahead",
+           "compile_for_every_plan", "dense_codes", "run", "runs_compiled"]
 
 A_COPY, A_PROMOTE, A_DROP = 0, 1, 2  # action codes of the loop's input
 _EVENT_EPS = 1e-9  # events closer than this are one instant
 
 COMPILED_FROM_STEPS = 20_000
 """Plans with at least this many steps run compiled (when numba is installed). Below it the Python loop is faster
-than loading the compiled one from numba's cache (about a second in a new process), let alone compiling it."""
+than loading the compiled one from numba's cache (about a second in a new process), let alone compiling it; once
+loaded, the compiled loop is faster at every size (:func:`compile_for_every_plan`)."""
+
+_EVERY_PLAN: list[bool] = []  # True once compile_for_every_plan ran in this process
 
 
 @dataclass(frozen=True)
@@ -66,8 +70,8 @@ def run(
     Args:
         x: the plan, the candidate and the model.
         horizon: give up, with an infinite makespan, once the simulated time passes this.
-        compiled: run the numba-compiled loop (True), the Python one (False), or decide by the plan's size (None:
-            compiled from :data:`COMPILED_FROM_STEPS` steps when numba is installed).
+        compiled: run the numba-compiled loop (True), the Python one (False), or decide (None:
+            :func:`runs_compiled`).
 
     Returns:
         ``(start, end, chosen, makespan)``: per row its start and end (float64) and the node it read from (int64:
@@ -78,7 +82,7 @@ def run(
     """
     n = np.size(x.action)
     if compiled is None:
-        compiled = n >= COMPILED_FROM_STEPS and _compiled_loop() is not None
+        compiled = runs_compiled(n)
     rank = np.asarray(x.rank, dtype=np.int64)
     x = _by_rank(x, rank)
     ready_at = np.zeros(n) if x.ready_at is None else np.asarray(x.ready_at, dtype=np.float64)
@@ -216,6 +220,24 @@ def _offsets(counts: np.ndarray) -> np.ndarray:
     out = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=out[1:])
     return out
+
+
+def runs_compiled(steps: int) -> bool:
+    """Whether :func:`run` runs a plan of ``steps`` steps compiled when not told: with numba installed, from
+    :data:`COMPILED_FROM_STEPS` steps, or at every size after :func:`compile_for_every_plan`."""
+    return (steps >= COMPILED_FROM_STEPS or bool(_EVERY_PLAN)) and _compiled_loop() is not None
+
+
+def compile_for_every_plan() -> bool:
+    """:func:`compile_ahead`, then every later plan of this process runs compiled, whatever its size: for a process
+    that schedules many plans (what-if's large sweeps), where loading the compiled loop once (half a second from
+    numba's cache; a minute or two once without it) costs less than the Python loop over them (measured 12 times
+    slower on the XL cluster's failure plans of 256-1,024 steps: docs/PERFORMANCE.md). False without numba."""
+    if not compile_ahead():
+        return False
+    if not _EVERY_PLAN:
+        _EVERY_PLAN.append(True)
+    return True
 
 
 def compile_ahead() -> bool:
