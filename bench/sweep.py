@@ -11,7 +11,9 @@ It prints, per cluster, the distribution of ``portfolio`` / bound (min, median, 
 1.03 and 1.05; a node that holds no data has no plan and is left out), the worst scenarios with their bound terms,
 and whether ``portfolio`` was ever longer than ``hazelcast`` or ``serial``. ``--compare REF`` schedules every plan
 with the scheduler of git commit ``REF`` too (``bench/schedule.py``'s ``load_scheduler``) and prints its
-distribution beside. ``--json OUT`` writes every row.
+distribution beside. ``--json OUT`` writes every row. Like ``what-if``'s large sweeps, it schedules every plan with
+the compiled loop (``event_loop.compile_for_every_plan``; the same schedules as the Python loop, which
+``--python-loop`` keeps).
 
 Run from the repository root::
 
@@ -42,6 +44,7 @@ import pyarrow.ipc as ipc  # noqa: E402
 
 from bench.plans import FAILED, HAZELCAST_PARTITION_BYTES, SEED, Change, scenario_plan  # noqa: E402
 from bench.schedule import default_policy, load_scheduler  # noqa: E402
+from rebalancer.planning import event_loop  # noqa: E402
 from rebalancer.planning import schedule as scheduler  # noqa: E402
 
 #: The suite's clusters (bench/suite.py): nodes, groups, partitions per group, backups, partition bytes.
@@ -137,7 +140,10 @@ def main() -> None:
     parser.add_argument("--nodes", help="only these node numbers (comma-separated), e.g. to look at one failure")
     parser.add_argument("--compare", metavar="REF", help="also schedule with the scheduler of this git commit")
     parser.add_argument("--json", metavar="OUT", help="write the rows and the distributions to this file")
+    parser.add_argument("--python-loop", action="store_true", help="schedule plans under 20,000 steps as Python")
     args = parser.parse_args()
+    if not args.python_loop:
+        event_loop.compile_for_every_plan()
     before = load_scheduler(args.compare) if args.compare else None
     began = time.time()
     rows: list[Row] = []

@@ -6,10 +6,10 @@ or ``--pristine DIR`` to reuse such a warehouse (it is copied, never written).
 
 Timed: ``--runs`` runs of ``rebalancer.what_if.what_if`` in this process, in a Spark session started before the
 first one (``sweeps=--sweep``, default ``nodes``), each on a fresh copy of the warehouse; the whole process
-``rebalancer what-if`` once (``--cli-runs``), whose wall time includes starting Spark. Reported: wall seconds
-per stage (``scenarios``: deciding every scenario's exchange on the driver; ``evaluate``: the Spark pass;
-``write``: the what_if commit), the Spark jobs, scenarios, recomputed partitions, the worst scenario, and the load
-average while it ran.
+``rebalancer what-if`` once (``--cli-runs``), whose wall time includes starting Spark. Reported: wall seconds per
+stage (``scenarios``: deciding every scenario's exchange on the driver; ``evaluate``: every scenario's figures, on
+the driver or in one Spark pass; ``write``: the what_if commit), the Spark jobs, scenarios, recomputed partitions,
+the worst scenario, and the load average while it ran.
 
 Writes ``--out`` (default ``bench/results/what_if.json``), prints Markdown and writes it as the section
 ``bench/results/what-if-section.md`` that ``bench/suite.py`` puts on docs/BENCHMARKS.md (``--section``).
@@ -147,8 +147,9 @@ def section(r: dict[str, Any]) -> str:
         f"Measured by `.venv/bin/python bench/what_if.py` (sweep {', '.join(r['sweeps'])}) at {r['measured_at']}, "
         f"commit `{r['commit']}`{' with uncommitted changes' if r['dirty'] else ''}, {r['machine']['cpus']} cores, "
         "local[*], nothing else running. Setup (untimed): `rebalancer generate` and the first `exchange`. Each "
-        "scenario is one server failing; the figures of every scenario come from one Spark pass "
-        "(docs/OPERATIONS.md).",
+        "scenario is one server failing; the figures of every scenario come from one pass over their rows (the "
+        "*evaluate* stage: on the driver where the rows fit there, as here on a local master, else one Spark pass; "
+        "docs/OPERATIONS.md).",
         "",
         markdown(r),
         "",
@@ -173,7 +174,7 @@ def markdown(r: dict[str, Any]) -> str:
         f"partitions, {c['backups']} backups ({c['replicas']:,} replicas); commit `{r['commit']}`"
         f"{' (dirty)' if r['dirty'] else ''}, {r['measured_at']}",
         "",
-        "| run | scenarios | recomputed partitions | seconds | scenarios stage | Spark pass | write | Spark jobs |",
+        "| run | scenarios | recomputed partitions | seconds | scenarios stage | evaluate | write | Spark jobs |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for i, run in enumerate(r["runs"], start=1):
