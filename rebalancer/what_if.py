@@ -94,8 +94,10 @@ FIGURES = (
 )
 SCENARIO = "scenario_index"
 #: A sweep recomputing at least this many partitions (summed over its scenarios: the L cluster's 100 failures
-#: recompute 196,608) schedules every plan with the compiled loop (``event_loop.compile_for_every_plan``): loading it
-#: costs half a second, and the Python loop over 1,000 XL failure plans about 180 s against 15 s compiled.
+#: recompute 196,608) and evaluated on the driver schedules every plan with the compiled loop
+#: (``event_loop.compile_for_every_plan``): loading it costs half a second, and the Python loop over 1,000 XL failure
+#: plans about 180 s against 15 s compiled. A Spark pass leaves its workers to the loop's own rule (by plan size): on a
+#: cluster each executor would compile the loop first where numba has no cache.
 COMPILED_SCHEDULER_FROM_PARTITIONS = 100_000
 IDEAL_BEFORE = 99  # a row kind of what-if's own: the committed ideal list of a recomputed partition (not for decide)
 _RESULT = pa.schema(
@@ -514,8 +516,6 @@ def _evaluate(spark: SparkSession, previous: Previous, settings: Settings, outco
         parts = [*kernel_input(rows, None), rows.tagged(rows.unsettled(rows.read("ideal_assignment")), IDEAL_BEFORE)]
 
         def run(key: tuple[pa.Scalar, ...], table: pa.Table) -> pa.Table:
-            if many:  # in each Python worker, once
-                compile_for_every_plan()
             return figures(int(key[0].as_py()), table, shared)
 
         from pyspark.sql.pandas.types import from_arrow_schema

@@ -232,11 +232,12 @@ def compile_for_every_plan() -> bool:
     """:func:`compile_ahead`, then every later plan of this process runs compiled, whatever its size: for a process
     that schedules many plans (what-if's large sweeps), where loading the compiled loop once (half a second from
     numba's cache; a minute or two once without it) costs less than the Python loop over them (measured 12 times
-    slower on the XL cluster's failure plans of 256-1,024 steps: docs/PERFORMANCE.md). False without numba."""
+    slower on the XL cluster's failure plans of 256-1,024 steps: docs/PLANNING.md, "Speed"). False without numba."""
+    if _EVERY_PLAN:
+        return True
     if not compile_ahead():
         return False
-    if not _EVERY_PLAN:
-        _EVERY_PLAN.append(True)
+    _EVERY_PLAN.append(True)
     return True
 
 
