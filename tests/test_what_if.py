@@ -268,8 +268,8 @@ def test_cli_and_job_sweep_nodes_and_zones_and_print_the_worst_first(spark: Any,
 @pytest.mark.parametrize("threshold", [1, 10**9])
 def test_a_large_sweep_schedules_with_the_compiled_loop(spark: Any, steady: Path, threshold: int,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A sweep recomputing at least ``COMPILED_SCHEDULER_FROM_PARTITIONS`` partitions asks for the compiled loop for
-    every plan before it schedules the first one (the loader itself, and that it changes no schedule, are held in
+    """A sweep evaluated on the driver that recomputes at least ``COMPILED_SCHEDULER_FROM_PARTITIONS`` partitions asks
+    for the compiled loop for every plan (the loader itself, and that it changes no schedule, are held in
     tests/test_schedule_loop.py, after ``make compiled``); a smaller sweep leaves the loop to decide by plan size."""
     from rebalancer import what_if as module
 
