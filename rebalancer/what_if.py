@@ -491,14 +491,13 @@ def _evaluate(spark: SparkSession, previous: Previous, settings: Settings, outco
         ))
     key_table = pa.table(keys, schema=pa.schema([(SCENARIO, pa.int32()), ("group_name", pa.string()),
                                                   ("partition_id", pa.int32())]))
-    many = key_table.num_rows >= COMPILED_SCHEDULER_FROM_PARTITIONS
     shared = _Shared(tuple(facts), tuple(group_sets), tuple(replica_sets), dict(node_rows), settings,
                      tuple(shared_lists.values), tuple(shared_matrices.values))
     # the rows the pass reads: each scenario's recomputed partitions with their copies (as many as the ideal has)
     sizes = {name: s.partitions for h in outcomes for name, s in h.groups.items()}
     copies = committed_ideal.num_rows / max(1, sum(sizes.values()))
     if previous.warehouse.reads_on_driver and key_table.num_rows * copies <= previous.warehouse.driver_replicas:
-        if many:
+        if key_table.num_rows >= COMPILED_SCHEDULER_FROM_PARTITIONS:
             compile_for_every_plan()
         arrow_rows = _ScenarioArrowRows(previous, key_table, sizes)
         tagged_rows = pa.concat_tables([
