@@ -177,7 +177,8 @@ def schedule_plan(plan: pa.Table, settings: MigrationSettings, policy: str = "po
         return plan, 0.0
     model = cost_model(settings)
     scheduled, stats = scheduling.schedule_with_stats(plan, model, policy)
-    bound = scheduling.lower_bound(scheduled, model)
+    # The bound costs a linear program: taken from the scheduler where its passes computed it.
+    bound = stats.lower_bound_s if stats.lower_bound_s is not None else scheduling.lower_bound(scheduled, model)
     _log.info("scheduled %d steps by %s (%s): makespan %.3f s, bound %.3f s; greedy %.3f s%s", plan.num_rows,
               stats.policy, stats.chosen, stats.makespan_s, bound, stats.greedy_makespan_s,
               f"; CP-SAT {stats.solver_status} in {stats.solver_seconds:.2f} s ({stats.solver_deterministic_time:.2f}"

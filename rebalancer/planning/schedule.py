@@ -417,6 +417,9 @@ class ScheduleStats:
         solver_seconds: wall seconds in the solver (0.0 when it did not run).
         solver_deterministic_time: CP-SAT's deterministic time spent (its limit: ``SOLVER_DETERMINISTIC_TIME``).
         solver_makespan_s: the makespan of the solver's schedule (inf when it found none or did not run).
+        lower_bound_s: :func:`lower_bound` of the plan when ``portfolio`` computed it for its passes (a plan in one
+            priority class small enough for one of them), else None. The scheduled plan has the same bound: each
+            COPY's chosen source is one of its candidates, so its pool is unchanged.
     """
 
     policy: str
@@ -427,6 +430,7 @@ class ScheduleStats:
     solver_seconds: float = 0.0
     solver_deterministic_time: float = 0.0
     solver_makespan_s: float = math.inf
+    lower_bound_s: float | None = None
 
 
 def schedule(plan: pa.Table, model: CostModel, policy: str = "portfolio") -> pa.Table:
@@ -470,6 +474,8 @@ def schedule_with_stats(plan: pa.Table, model: CostModel, policy: str = "portfol
     if packs:
         greedy = _packed_pass(p, model, solo, greedy, bound, candidates)
     run, stats = _exact_pass(p, model, solo, greedy, bound)
+    if math.isfinite(bound):
+        stats = dataclasses.replace(stats, lower_bound_s=bound)
     return _with_schedule(plan, p, run), stats
 
 
